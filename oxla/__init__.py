@@ -1,0 +1,34 @@
+"""oxla: compile, run and train ONNX models with JAX/XLA."""
+
+from __future__ import annotations
+
+from oxla.compile import CompiledModel, compile  # noqa: A004
+from oxla.errors import (
+    InputError,
+    InvalidModelError,
+    LoweringError,
+    NotStaticError,
+    OxlaError,
+    ShapeError,
+    TrainingError,
+    UnsupportedOpError,
+)
+from oxla.load import load_model
+from oxla.session import InferenceSession, NodeArg
+
+__all__ = [
+    "CompiledModel",
+    "InferenceSession",
+    "InputError",
+    "InvalidModelError",
+    "LoweringError",
+    "NodeArg",
+    "NotStaticError",
+    "OxlaError",
+    "ShapeError",
+    "TrainingError",
+    "UnsupportedOpError",
+    "compile",
+    "load_model",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,159 @@
+"""Bytes or path -> a checked ModelProto with external data resolved inside the model's folder."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import ModelProto, TensorProto
+
+from oxla.errors import InvalidModelError
+
+ModelSource = str | os.PathLike[str] | bytes | ModelProto
+
+
+def load_model(source: ModelSource, *, base_dir: str | os.PathLike[str] | None = None,
+               check: bool = True) -> ModelProto:
+    """Load an ONNX model and resolve its external data.
+
+    Args:
+        source: a path to a .onnx file, the serialized bytes, or a ModelProto (copied).
+        base_dir: where external data files live when `source` is bytes or a proto; for a path
+            it is the file's folder. External data is only ever read from inside this folder.
+        check: run onnx.checker on the result.
+
+    Returns:
+        A ModelProto whose tensors all hold their data in memory.
+
+    Raises:
+        InvalidModelError: unreadable or malformed file, external data that is missing, short,
+            or outside the model's folder.
+    """
+    if isinstance(source, ModelProto):
+        model = ModelProto()
+        model.CopyFrom(source)
+        label = model.graph.name or "<model>"
+    elif isinstance(source, bytes | bytearray | memoryview):
+        model = _parse(bytes(source), "<bytes>")
+        label = "<bytes>"
+    else:
+        path = Path(source)
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise InvalidModelError(f"cannot read model file '{path}': {e.strerror}") from None
+        model = _parse(data, str(path))
+        label = str(path)
+        base_dir = path.resolve().parent if base_dir is None else base_dir
+    if not model.HasField("graph"):
+        raise InvalidModelError(f"{label}: the model has no graph (is this an ONNX file?)")
+    if model.ir_version <= 0:
+        raise InvalidModelError(f"{label}: the model has no ir_version (is this an ONNX file?)")
+    _resolve_external_data(model, None if base_dir is None else Path(base_dir), label)
+    if check:
+        try:
+            onnx.checker.check_model(model)
+        except onnx.checker.ValidationError as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else "validation failed"
+            raise InvalidModelError(f"{label}: onnx.checker rejects the model: {first}") from None
+    return model
+
+
+def _parse(data: bytes, label: str) -> ModelProto:
+    if not data:
+        raise InvalidModelError(f"{label}: the file is empty")
+    model = ModelProto()
+    try:
+        model.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as e:
+        raise InvalidModelError(
+            f"{label}: not a valid ONNX protobuf ({e}); the file may be truncated or not a model"
+        ) from None
+    return model
+
+
+def iter_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
+    """Every TensorProto a graph holds: initializers, sparse ones, Constant attributes, subgraphs."""
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield sparse.values
+        yield sparse.indices
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from iter_tensors(attr.g)
+            for g in attr.graphs:
+                yield from iter_tensors(g)
+
+
+def _model_tensors(model: ModelProto) -> Iterator[TensorProto]:
+    yield from iter_tensors(model.graph)
+    for fn in model.functions:
+        for node in fn.node:
+            for attr in node.attribute:
+                if attr.HasField("t"):
+                    yield attr.t
+    for info in model.training_info:
+        yield from iter_tensors(info.initialization)
+        yield from iter_tensors(info.algorithm)
+
+
+def _resolve_external_data(model: ModelProto, base_dir: Path | None, label: str) -> None:
+    for tensor in _model_tensors(model):
+        if tensor.data_location != TensorProto.EXTERNAL:
+            continue
+        info = {entry.key: entry.value for entry in tensor.external_data}
+        name = tensor.name or "<unnamed>"
+        if base_dir is None:
+            raise InvalidModelError(
+                f"{label}: tensor '{name}' keeps its data in an external file, but the model was "
+                "given as bytes; pass base_dir= (the model's folder) or load it from its path"
+            )
+        tensor.raw_data = read_external(base_dir, name, info)
+        del tensor.external_data[:]
+        tensor.data_location = TensorProto.DEFAULT
+
+
+def read_external(base_dir: Path, name: str, info: dict[str, str]) -> bytes:
+    """Read one tensor's external data, refusing any location outside `base_dir`."""
+    location = info.get("location", "")
+    if not location:
+        raise InvalidModelError(f"tensor '{name}': external data without a 'location'")
+    if os.path.isabs(location) or location.startswith(("/", "\\")) or ":" in location:
+        raise InvalidModelError(
+            f"tensor '{name}': external data location '{location}' is an absolute path; "
+            "locations must be relative to the model's folder"
+        )
+    root = base_dir.resolve()
+    target = (root / location).resolve()
+    if target != root and root not in target.parents:
+        raise InvalidModelError(
+            f"tensor '{name}': external data location '{location}' escapes the model's folder "
+            f"'{root}'; refusing to read it"
+        )
+    if not target.is_file():
+        raise InvalidModelError(
+            f"tensor '{name}': external data file '{location}' not found in '{root}'"
+        )
+    try:
+        offset = int(info.get("offset", "0") or 0)
+        length = int(info["length"]) if info.get("length") else None
+    except ValueError:
+        raise InvalidModelError(f"tensor '{name}': external data offset/length are not integers") from None
+    if offset < 0 or (length is not None and length < 0):
+        raise InvalidModelError(f"tensor '{name}': negative external data offset or length")
+    with open(target, "rb") as f:
+        f.seek(offset)
+        data = f.read() if length is None else f.read(length)
+    if length is not None and len(data) != length:
+        raise InvalidModelError(
+            f"tensor '{name}': external data file '{location}' is short: wanted {length} bytes "
+            f"at offset {offset}, got {len(data)}"
+        )
+    return data

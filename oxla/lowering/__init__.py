@@ -1,0 +1,1 @@
+"""Lowering ONNX nodes to JAX: the rule table, the context rules see, the interpreter."""

@@ -1,0 +1,257 @@
+"""Elementwise ops: unary math, binary arithmetic with numpy broadcasting, logic, comparisons."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import reduce
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from oxla.lowering.registry import register_rule, rule
+
+
+def _unary_family(table: dict[str, tuple[int, Callable]]) -> None:
+    for op, (since, f) in table.items():
+        def lower(cx, x, *, _f=f):
+            return _f(x)
+        lower.__name__ = op.lower()
+        lower.__doc__ = f"{op}(X) elementwise (v{since}+)."
+        register_rule(op, since, lower)
+
+
+def _binary_family(table: dict[str, tuple[int, Callable]]) -> None:
+    for op, (since, f) in table.items():
+        def lower(cx, a, b, *, _f=f):
+            return _f(a, b)
+        lower.__name__ = op.lower()
+        lower.__doc__ = f"{op}(A, B) with numpy broadcasting (v{since}+)."
+        register_rule(op, since, lower)
+
+
+def _round_half_even(x):
+    return jnp.round(x)  # jnp.round rounds half to even, as ONNX Round does
+
+
+def _sign(x):
+    return jnp.sign(x).astype(x.dtype)
+
+
+_unary_family({
+    "Abs": (6, jnp.abs),
+    "Neg": (6, jnp.negative),
+    "Exp": (6, jnp.exp),
+    "Log": (6, jnp.log),
+    "Sqrt": (6, jnp.sqrt),
+    "Reciprocal": (6, jnp.reciprocal),
+    "Floor": (6, jnp.floor),
+    "Ceil": (6, jnp.ceil),
+    "Round": (11, _round_half_even),
+    "Sign": (9, _sign),
+    "Sin": (7, jnp.sin),
+    "Cos": (7, jnp.cos),
+    "Tan": (7, jnp.tan),
+    "Asin": (7, jnp.arcsin),
+    "Acos": (7, jnp.arccos),
+    "Atan": (7, jnp.arctan),
+    "Sinh": (9, jnp.sinh),
+    "Cosh": (9, jnp.cosh),
+    "Asinh": (9, jnp.arcsinh),
+    "Acosh": (9, jnp.arccosh),
+    "Atanh": (9, jnp.arctanh),
+    "Erf": (9, lax.erf),
+    "IsNaN": (9, jnp.isnan),
+    "Not": (1, jnp.logical_not),
+    "BitwiseNot": (18, jnp.bitwise_not),
+    "Relu": (6, lambda x: jnp.maximum(x, jnp.zeros((), x.dtype))),
+    "Sigmoid": (6, lambda x: lax.logistic(x)),
+    "Tanh": (6, jnp.tanh),
+    "Softsign": (1, lambda x: x / (1 + jnp.abs(x))),
+    "Softplus": (1, lambda x: jnp.logaddexp(x, jnp.zeros((), x.dtype))),
+})
+
+
+def _div(a, b):
+    if jnp.issubdtype(a.dtype, jnp.integer):
+        return lax.div(a, b)  # ONNX integer Div truncates toward zero: lax.div, not floor_divide
+    return jnp.divide(a, b)
+
+
+def _broadcast_pair(a, b):
+    shape = jnp.broadcast_shapes(a.shape, b.shape)
+    return jnp.broadcast_to(a, shape), jnp.broadcast_to(b, shape)
+
+
+_binary_family({
+    "Add": (7, jnp.add),
+    "Sub": (7, jnp.subtract),
+    "Mul": (7, jnp.multiply),
+    "Div": (7, _div),
+    "Equal": (7, jnp.equal),
+    "Less": (7, jnp.less),
+    "LessOrEqual": (12, jnp.less_equal),
+    "Greater": (7, jnp.greater),
+    "GreaterOrEqual": (12, jnp.greater_equal),
+    "And": (7, jnp.logical_and),
+    "Or": (7, jnp.logical_or),
+    "Xor": (7, jnp.logical_xor),
+    "BitwiseAnd": (18, jnp.bitwise_and),
+    "BitwiseOr": (18, jnp.bitwise_or),
+    "BitwiseXor": (18, jnp.bitwise_xor),
+})
+
+
+@rule("Pow", since=7)
+def pow_(cx, x, y):
+    """Z = X ** Y; the result has X's type (v7+; v12+ allows a different exponent type)."""
+    if jnp.issubdtype(x.dtype, jnp.integer):
+        if jnp.issubdtype(y.dtype, jnp.integer):
+            return jnp.power(x, y.astype(x.dtype))
+        return jnp.power(x.astype(jnp.float64), y.astype(jnp.float64)).astype(x.dtype)
+    return jnp.power(x, y.astype(x.dtype))
+
+
+@rule("Mod", since=10)
+def mod(cx, a, b, *, fmod=0):
+    """fmod=0: the result has the divisor's sign (integers); fmod=1: C fmod (dividend's sign)."""
+    if fmod:
+        return lax.rem(*_broadcast_pair(a, b))  # lax.rem truncates, as C fmod does
+    if jnp.issubdtype(a.dtype, jnp.floating):
+        raise cx.fail("fmod must be 1 for floating-point inputs")
+    return jnp.remainder(a, b)
+
+
+@rule("BitShift", since=11)
+def bit_shift(cx, x, y, *, direction=""):
+    """Logical shift of unsigned integers; direction is 'LEFT' or 'RIGHT'."""
+    if direction == "LEFT":
+        return jnp.left_shift(x, y)
+    if direction == "RIGHT":
+        return jnp.right_shift(x, y)
+    raise cx.fail(f"direction must be 'LEFT' or 'RIGHT', got '{direction}'")
+
+
+def _variadic(name: str, since: int, f: Callable, mean: bool = False) -> None:
+    def lower(cx, *data):
+        out = reduce(f, data)
+        if mean:
+            out = out / jnp.asarray(len(data), out.dtype)
+        return out
+    lower.__name__ = name.lower()
+    lower.__doc__ = f"{name} of any number of inputs, broadcast together (v{since}+)."
+    register_rule(name, since, lower)
+
+
+_variadic("Sum", 8, jnp.add)
+_variadic("Max", 8, jnp.maximum)
+_variadic("Min", 8, jnp.minimum)
+_variadic("Mean", 8, jnp.add, mean=True)
+
+
+@rule("Where", since=9)
+def where(cx, condition, x, y):
+    """condition ? X : Y with broadcasting."""
+    return jnp.where(condition, x, y)
+
+
+@rule("Clip", since=11)
+def clip(cx, x, min=None, max=None):  # noqa: A002 -- ONNX input names
+    """Y = min(max(X, min), max); both bounds optional inputs (v11+)."""
+    if min is not None:
+        x = jnp.maximum(x, jnp.asarray(min, x.dtype))
+    if max is not None:
+        x = jnp.minimum(x, jnp.asarray(max, x.dtype))
+    return x
+
+
+@rule("Clip", since=6)
+def clip_v6(cx, x, *, max=3.4028234663852886e38, min=-3.4028234663852886e38):  # noqa: A002
+    """Clip with bounds as attributes (v6-v10)."""
+    return jnp.clip(x, jnp.asarray(min, x.dtype), jnp.asarray(max, x.dtype))
+
+
+@rule("IsInf", since=10)
+def is_inf(cx, x, *, detect_negative=1, detect_positive=1):
+    """True where X is +inf (detect_positive) or -inf (detect_negative)."""
+    pos = jnp.isposinf(x) if detect_positive else jnp.zeros(x.shape, bool)
+    neg = jnp.isneginf(x) if detect_negative else jnp.zeros(x.shape, bool)
+    return pos | neg
+
+
+# --- activations with attributes ------------------------------------------------------------
+
+def _c(x, v):
+    return jnp.asarray(v, x.dtype)
+
+
+@rule("LeakyRelu", since=6)
+def leaky_relu(cx, x, *, alpha=0.009999999776482582):
+    """Y = X if X >= 0 else alpha * X."""
+    return jnp.where(x >= 0, x, _c(x, alpha) * x)
+
+
+@rule("Elu", since=6)
+def elu(cx, x, *, alpha=1.0):
+    """Y = X if X >= 0 else alpha * (exp(X) - 1)."""
+    return jnp.where(x >= 0, x, _c(x, alpha) * jnp.expm1(x))
+
+
+@rule("Selu", since=6)
+def selu(cx, x, *, alpha=1.6732631921768188, gamma=1.0507010221481323):
+    """Y = gamma * (X if X > 0 else alpha * (exp(X) - 1))."""
+    return _c(x, gamma) * jnp.where(x > 0, x, _c(x, alpha) * jnp.expm1(x))
+
+
+@rule("Celu", since=12)
+def celu(cx, x, *, alpha=1.0):
+    """Y = max(0, X) + min(0, alpha * (exp(X / alpha) - 1))."""
+    a = _c(x, alpha)
+    return jnp.maximum(x, 0) + jnp.minimum(0, a * jnp.expm1(x / a))
+
+
+@rule("HardSigmoid", since=6)
+def hard_sigmoid(cx, x, *, alpha=0.20000000298023224, beta=0.5):
+    """Y = max(0, min(1, alpha * X + beta))."""
+    return jnp.clip(_c(x, alpha) * x + _c(x, beta), 0, 1).astype(x.dtype)
+
+
+@rule("HardSwish", since=14)
+def hard_swish(cx, x):
+    """Y = X * max(0, min(1, X / 6 + 1 / 2))."""
+    return x * jnp.clip(x * _c(x, 1 / 6) + _c(x, 0.5), 0, 1).astype(x.dtype)
+
+
+@rule("ThresholdedRelu", since=10)
+def thresholded_relu(cx, x, *, alpha=1.0):
+    """Y = X if X > alpha else 0."""
+    return jnp.where(x > _c(x, alpha), x, jnp.zeros((), x.dtype))
+
+
+@rule("PRelu", since=9)
+def prelu(cx, x, slope):
+    """Y = X if X >= 0 else slope * X, slope broadcast to X."""
+    return jnp.where(x >= 0, x, slope.astype(x.dtype) * x)
+
+
+@rule("Mish", since=18)
+def mish(cx, x):
+    """Y = X * tanh(softplus(X))."""
+    return x * jnp.tanh(jnp.logaddexp(x, jnp.zeros((), x.dtype)))
+
+
+@rule("Gelu", since=20)
+def gelu(cx, x, *, approximate="none"):
+    """Y = 0.5 X (1 + erf(X / sqrt 2)); approximate='tanh' uses the tanh formula."""
+    if approximate == "tanh":
+        inner = _c(x, np.sqrt(2 / np.pi)) * (x + _c(x, 0.044715) * x * x * x)
+        return _c(x, 0.5) * x * (1 + jnp.tanh(inner))
+    return _c(x, 0.5) * x * (1 + lax.erf(x * _c(x, 1 / np.sqrt(2))))
+
+
+@rule("Shrink", since=9)
+def shrink(cx, x, *, bias=0.0, lambd=0.5):
+    """Y = X - bias if X > lambd; X + bias if X < -lambd; else 0."""
+    b, lam = _c(x, bias), _c(x, lambd)
+    zero = jnp.zeros((), x.dtype)
+    return jnp.where(x < -lam, x + b, jnp.where(x > lam, x - b, zero))

@@ -1,0 +1,162 @@
+"""onnxruntime-style InferenceSession over oxla.compile: swap one for the other."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from onnx import ModelProto, TypeProto, ValueInfoProto
+
+from oxla.compile import CompiledModel
+from oxla.dtypes import to_numpy_dtype, type_name
+from oxla.errors import InputError
+from oxla.load import load_model
+from oxla.lowering.context import Options
+
+_ORT_TYPE_NAMES = {
+    "float32": "float", "float64": "double", "object": "string", "bool": "bool",
+}
+
+
+@dataclass(frozen=True)
+class NodeArg:
+    """An input or output of the model: name, shape (ints, dim names or None) and type."""
+
+    name: str
+    shape: list[int | str | None]
+    type: str
+
+
+def _type_string(tp: TypeProto) -> str:
+    kind = tp.WhichOneof("value")
+    if kind == "tensor_type":
+        name = type_name(tp.tensor_type.elem_type)
+        return f"tensor({_ORT_TYPE_NAMES.get(name, name)})"
+    if kind == "sequence_type":
+        return f"seq({_type_string(tp.sequence_type.elem_type)})"
+    if kind == "optional_type":
+        return f"optional({_type_string(tp.optional_type.elem_type)})"
+    if kind == "map_type":
+        return f"map({type_name(tp.map_type.key_type)},{_type_string(tp.map_type.value_type)})"
+    return "unknown"
+
+
+def _shape_of(tp: TypeProto) -> list[int | str | None]:
+    if tp.WhichOneof("value") != "tensor_type" or not tp.tensor_type.HasField("shape"):
+        return []
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+            for d in tp.tensor_type.shape.dim]
+
+
+def _node_arg(info: ValueInfoProto) -> NodeArg:
+    return NodeArg(info.name, _shape_of(info.type), _type_string(info.type))
+
+
+class InferenceSession:
+    """Load, compile and run an ONNX model with the calls of onnxruntime.InferenceSession.
+
+    Args:
+        path_or_bytes: a .onnx path, serialized bytes, or a ModelProto.
+        sess_options, providers, provider_options: accepted for drop-in compatibility, ignored.
+        bake_weights: compile initializers as constants rather than parameters.
+    """
+
+    def __init__(self, path_or_bytes: str | os.PathLike[str] | bytes | ModelProto,
+                 sess_options: Any = None, providers: Any = None, provider_options: Any = None,
+                 *, bake_weights: bool = False, **_: Any) -> None:
+        model = load_model(path_or_bytes)
+        self._compiled = CompiledModel(model, Options(bake_weights=bake_weights))
+        graph = self._compiled.model.graph
+        inputs = {i.name: i for i in graph.input}
+        self._inputs = [inputs[name] for name in self._compiled.input_names]
+        self._outputs = list(graph.output)
+
+    @property
+    def compiled(self) -> CompiledModel:
+        return self._compiled
+
+    def get_inputs(self) -> list[NodeArg]:
+        return [_node_arg(i) for i in self._inputs]
+
+    def get_outputs(self) -> list[NodeArg]:
+        return [_node_arg(o) for o in self._outputs]
+
+    def get_providers(self) -> list[str]:
+        return ["XLA"]
+
+    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
+            run_options: Any = None) -> list[Any]:
+        """Run the model; output_names None means every output.
+
+        Raises:
+            InputError: an unknown or missing input, or a feed whose dtype or shape does not match
+                the model's declaration.
+        """
+        feeds = self._check_feeds(input_feed)
+        wanted = list(output_names) if output_names else self._compiled.output_names
+        unknown = [n for n in wanted if n not in self._compiled.output_names]
+        if unknown:
+            raise InputError(f"unknown output names {unknown}; the model's outputs are "
+                             f"{self._compiled.output_names}")
+        results = self._compiled(feeds)
+        return [_to_numpy(results[n]) for n in wanted]
+
+    def _check_feeds(self, feed: Mapping[str, Any]) -> dict[str, Any]:
+        declared = {i.name: i for i in self._inputs}
+        overridable = {i.name: i for i in self._compiled.model.graph.input if i.name not in declared}
+        unknown = [n for n in feed if n not in declared and n not in overridable]
+        if unknown:
+            raise InputError(f"unknown input names {unknown}; the model's inputs are {list(declared)}")
+        missing = [n for n in declared if n not in feed and not _optional(declared[n].type)]
+        if missing:
+            raise InputError(f"missing inputs {missing}; the model's inputs are {list(declared)}")
+        out: dict[str, Any] = {}
+        for name, value in feed.items():
+            info = declared.get(name) or overridable[name]
+            out[name] = _check_value(name, value, info.type)
+        for name in declared:
+            out.setdefault(name, None)
+        return out
+
+
+def _optional(tp: TypeProto) -> bool:
+    return tp.WhichOneof("value") == "optional_type"
+
+
+def _check_value(name: str, value: Any, tp: TypeProto) -> Any:
+    kind = tp.WhichOneof("value")
+    if kind == "optional_type":
+        return None if value is None else _check_value(name, value, tp.optional_type.elem_type)
+    if kind == "sequence_type":
+        if not isinstance(value, list | tuple):
+            raise InputError(f"input '{name}' is a sequence; pass a list of arrays, got {type(value).__name__}")
+        return [_check_value(name, v, tp.sequence_type.elem_type) for v in value]
+    if kind != "tensor_type":
+        return value
+    arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+    want = to_numpy_dtype(tp.tensor_type.elem_type) if tp.tensor_type.elem_type else None
+    if want is not None:
+        if want == np.dtype(object) and arr.dtype.kind in "US":
+            arr = arr.astype(object)
+        if arr.dtype != want:
+            raise InputError(f"input '{name}' must have dtype {type_name(tp.tensor_type.elem_type)}, "
+                             f"got {arr.dtype}")
+    if tp.tensor_type.HasField("shape"):
+        dims = _shape_of(tp)
+        bad = len(dims) != arr.ndim or any(
+            isinstance(d, int) and d > 0 and d != s for d, s in zip(dims, arr.shape))
+        if bad:
+            shown = tuple(d if d is not None else "?" for d in dims)
+            raise InputError(f"input '{name}' must have shape {shown}, got {arr.shape}")
+    return arr
+
+
+def _to_numpy(value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, list | tuple):
+        return [_to_numpy(v) for v in value]
+    return np.asarray(value)
