@@ -8,10 +8,10 @@ import numpy as np
 from oxla.lowering.registry import rule
 
 
-@rule("Constant", since=13)
+@rule("Constant", since=1)
 def constant(cx, *, sparse_value=None, value=None, value_float=None, value_floats=None,
              value_int=None, value_ints=None, value_string=None, value_strings=None):
-    """Y = the one attribute given (v13+: value_* scalars and lists)."""
+    """Y = the one attribute given (v1: value; v11: sparse_value; v12+: value_* scalars, lists)."""
     if value is not None:
         return np.asarray(value)
     if sparse_value is not None:
@@ -29,14 +29,6 @@ def constant(cx, *, sparse_value=None, value=None, value_float=None, value_float
     if value_strings is not None:
         return np.asarray(value_strings, object)
     raise cx.fail("Constant needs exactly one value attribute")
-
-
-@rule("Constant", since=1)
-def constant_v1(cx, *, value=None):
-    """Y = value (v1-v12)."""
-    if value is None:
-        raise cx.fail("Constant needs a 'value' attribute")
-    return np.asarray(value)
 
 
 @rule("Identity", since=1)
