@@ -52,7 +52,7 @@ class RunStats:
     host_nodes: set[str] = field(default_factory=set)
 
 
-class _Promote(Exception):  # noqa: N818 -- internal control signal
+class _Promote(Exception):
     def __init__(self, names: set[str]) -> None:
         super().__init__(sorted(names))
         self.names = names
@@ -131,7 +131,7 @@ class CompiledModel:
         env.update(self.params)
         keyed: list[Any] = []
         for name, value in inputs.items():
-            if name in self.constants and name in self._overridable or _host_only(value):
+            if (name in self.constants and name in self._overridable) or _host_only(value):
                 env[name] = to_static(value)
                 keyed.append((name, _value_key(value)))
             else:
@@ -288,7 +288,7 @@ def _value_key(value: Any) -> Any:
     return (arr.shape, str(arr.dtype), hashlib.sha1(arr.tobytes()).hexdigest())
 
 
-def compile(model: ModelSource | ModelProto, *, bake_weights: bool = False) -> CompiledModel:  # noqa: A001
+def compile(model: ModelSource | ModelProto, *, bake_weights: bool = False) -> CompiledModel:
     """Load (if needed) and prepare a model for running.
 
     Args:

@@ -24,7 +24,7 @@ class Options:
     training: bool = False           # Dropout and friends in training mode when asked by inputs
 
 
-class NeedStatic(Exception):  # noqa: N818 -- a control signal, not an error
+class NeedStatic(Exception):
     """A rule needs the concrete value of a traced input: the interpreter breaks the graph here."""
 
     def __init__(self, node: NodeRef, what: str, value_name: str | None) -> None:

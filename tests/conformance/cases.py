@@ -55,7 +55,8 @@ def node_cases() -> list[Case]:
 
 
 def _load_proto(path: str, type_proto: onnx.TypeProto) -> Any:
-    data = open(path, "rb").read()
+    with open(path, "rb") as f:
+        data = f.read()
     kind = type_proto.WhichOneof("value")
     if kind == "sequence_type":
         seq = onnx.SequenceProto()

@@ -13,7 +13,6 @@ import signal
 import sys
 import time
 import traceback
-from typing import Any
 
 CASE_TIMEOUT_S = 300
 

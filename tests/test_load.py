@@ -1,0 +1,137 @@
+"""Loading: bad files, external data kept inside the model's folder, IR 3 models, unknown ops."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+import oxla
+from oxla.errors import InvalidModelError, UnsupportedOpError
+
+
+def _model_with_weight(n: int = 64) -> onnx.ModelProto:
+    w = numpy_helper.from_array(np.arange(n, dtype=np.float32), "w")
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [n])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [n])
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g", [x], [y], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _external(tmp_path: Path, location: str, length: int | None = None) -> Path:
+    model = _model_with_weight()
+    tensor = model.graph.initializer[0]
+    raw = tensor.raw_data or np.arange(64, dtype=np.float32).tobytes()
+    tensor.ClearField("raw_data")
+    tensor.ClearField("float_data")
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    entries = {"location": location, "offset": "0", "length": str(length or len(raw))}
+    for k, v in entries.items():
+        tensor.external_data.add(key=k, value=v)
+    (tmp_path / "weights.bin").write_bytes(raw)
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def test_garbage_bytes() -> None:
+    with pytest.raises(InvalidModelError, match="not a valid ONNX protobuf"):
+        oxla.InferenceSession(b"\xff\xfe this is not a model")
+
+
+def test_empty_file(tmp_path: Path) -> None:
+    (tmp_path / "m.onnx").write_bytes(b"")
+    with pytest.raises(InvalidModelError, match="empty"):
+        oxla.InferenceSession(str(tmp_path / "m.onnx"))
+
+
+def test_truncated_file(tmp_path: Path) -> None:
+    data = _model_with_weight(1000).SerializeToString()
+    (tmp_path / "m.onnx").write_bytes(data[: len(data) // 2])
+    with pytest.raises(InvalidModelError, match="truncated"):
+        oxla.InferenceSession(str(tmp_path / "m.onnx"))
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(InvalidModelError, match="cannot read model file"):
+        oxla.InferenceSession(str(tmp_path / "nope.onnx"))
+
+
+def test_external_data_inside_folder_loads(tmp_path: Path) -> None:
+    sess = oxla.InferenceSession(str(_external(tmp_path, "weights.bin")))
+    (y,) = sess.run(None, {"x": np.ones(64, np.float32)})
+    np.testing.assert_array_equal(y, np.arange(64, dtype=np.float32) + 1)
+
+
+def test_external_data_escaping_folder(tmp_path: Path) -> None:
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    path = _external(inner, "../weights.bin")
+    (tmp_path / "weights.bin").write_bytes(b"\0" * 256)
+    with pytest.raises(InvalidModelError, match="tensor 'w'.*escapes the model's folder"):
+        oxla.InferenceSession(str(path))
+
+
+def test_external_data_absolute_path(tmp_path: Path) -> None:
+    with pytest.raises(InvalidModelError, match="tensor 'w'.*absolute path"):
+        oxla.InferenceSession(str(_external(tmp_path, str(tmp_path / "weights.bin"))))
+
+
+def test_external_data_symlink_out_of_folder(tmp_path: Path) -> None:
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    path = _external(inner, "link.bin")
+    (tmp_path / "outside.bin").write_bytes(b"\0" * 256)
+    os.symlink(tmp_path / "outside.bin", inner / "link.bin")
+    with pytest.raises(InvalidModelError, match="escapes"):
+        oxla.InferenceSession(str(path))
+
+
+def test_external_data_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(InvalidModelError, match="tensor 'w'.*not found"):
+        oxla.InferenceSession(str(_external(tmp_path, "other.bin")))
+
+
+def test_external_data_short_read(tmp_path: Path) -> None:
+    with pytest.raises(InvalidModelError, match="tensor 'w'.*short: wanted 1000 bytes"):
+        oxla.InferenceSession(str(_external(tmp_path, "weights.bin", length=1000)))
+
+
+def test_external_data_from_bytes_needs_folder(tmp_path: Path) -> None:
+    data = _external(tmp_path, "weights.bin").read_bytes()
+    with pytest.raises(InvalidModelError, match="base_dir"):
+        oxla.InferenceSession(data)
+    model = oxla.load_model(data, base_dir=tmp_path)
+    assert len(model.graph.initializer[0].raw_data) == 256
+
+
+def test_unknown_ops_listed_together() -> None:
+    m = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17, "com.acme" : 1]>
+        g (float[3] x) => (float[3] y) { a = com.acme.Frob(x) b = com.acme.Blip(a) y = Relu(b) }
+    """)
+    with pytest.raises(UnsupportedOpError) as info:
+        oxla.InferenceSession(m.SerializeToString())
+    text = str(info.value)
+    assert "com.acme::Blip at opset 1" in text and "com.acme::Frob at opset 1" in text
+
+
+def test_ir3_weights_listed_as_inputs() -> None:
+    model = _model_with_weight()
+    model.ir_version = 3
+    model.graph.input.append(helper.make_tensor_value_info("w", onnx.TensorProto.FLOAT, [64]))
+    sess = oxla.InferenceSession(model.SerializeToString())
+    assert [i.name for i in sess.get_inputs()] == ["x"]
+    (y,) = sess.run(None, {"x": np.zeros(64, np.float32)})
+    np.testing.assert_array_equal(y, np.arange(64, dtype=np.float32))
+
+
+def test_declared_but_unused_domain() -> None:
+    model = _model_with_weight()
+    model.opset_import.append(helper.make_opsetid("com.unused", 3))
+    (y,) = oxla.InferenceSession(model.SerializeToString()).run(None, {"x": np.ones(64, np.float32)})
+    assert y[1] == 2.0
