@@ -1,0 +1,161 @@
+"""oxla vs onnxruntime on the same machine, in one run: latency ratios, compile and first-call time.
+
+    python -m benchmarks.run [--models resnet50,bert,mlp] [--runs 20] [--write docs/benchmarks.md]
+
+Each configuration is timed by alternating oxla and onnxruntime calls (after warm-up) so that load
+from other processes hits both alike; the reported latency is the median of --runs calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from benchmarks import models
+
+CACHE = Path(__file__).resolve().parent / ".cache"
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    build: Callable[[], onnx.ModelProto]
+    feeds: Callable[[int], dict[str, np.ndarray]]
+    batches: tuple[int, ...]
+
+
+def _image(batch: int) -> dict[str, np.ndarray]:
+    return {"input": np.random.default_rng(0).standard_normal((batch, 3, 224, 224)).astype(np.float32)}
+
+
+def _tokens(batch: int, seq: int = 128) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {"input_ids": rng.integers(0, 30522, (batch, seq)).astype(np.int64),
+            "attention_mask": np.ones((batch, seq), np.int64)}
+
+
+def _vectors(batch: int) -> dict[str, np.ndarray]:
+    return {"input": np.random.default_rng(0).standard_normal((batch, 784)).astype(np.float32)}
+
+
+CONFIGS = {
+    "resnet50": Config("ResNet-50", models.resnet50, _image, (1, 8)),
+    "bert": Config("BERT-base (seq 128)", models.bert_base, _tokens, (1, 8)),
+    "mlp": Config("MLP 784-1024x3-10", models.mlp, _vectors, (1, 64)),
+}
+
+
+def model_path(key: str) -> Path:
+    """Build (once) and cache the benchmark model file."""
+    CACHE.mkdir(exist_ok=True)
+    path = CACHE / f"{key}.onnx"
+    if not path.exists():
+        tmp = path.with_suffix(".tmp")
+        onnx.save(CONFIGS[key].build(), str(tmp))
+        os.replace(tmp, path)
+    return path
+
+
+@dataclass
+class Result:
+    model: str
+    batch: int
+    variant: str
+    oxla_ms: float
+    ort_ms: float
+    oxla_load_s: float
+    oxla_first_s: float
+    ort_load_s: float
+    ort_first_s: float
+    max_diff: float
+
+    @property
+    def ratio(self) -> float:
+        return self.oxla_ms / self.ort_ms
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def bench(key: str, batch: int, runs: int, bake: bool, ort_sess: Any = None) -> tuple[Result, Any]:
+    import onnxruntime as ort
+
+    import oxla
+
+    path = str(model_path(key))
+    feeds = CONFIGS[key].feeds(batch)
+    sess, oxla_load = _timed(lambda: oxla.InferenceSession(path, bake_weights=bake))
+    got, oxla_first = _timed(lambda: sess.run(None, feeds))
+    ort_load = 0.0
+    if ort_sess is None:
+        ort_sess, ort_load = _timed(lambda: ort.InferenceSession(path, providers=["CPUExecutionProvider"]))
+    want, ort_first = _timed(lambda: ort_sess.run(None, feeds))
+    for _ in range(3):
+        sess.run(None, feeds)
+        ort_sess.run(None, feeds)
+    ox_times, ort_times = [], []
+    for _ in range(runs):
+        ox_times.append(_timed(lambda: sess.run(None, feeds))[1])
+        ort_times.append(_timed(lambda: ort_sess.run(None, feeds))[1])
+    diff = max(float(np.max(np.abs(np.asarray(g) - np.asarray(w)))) for g, w in zip(got, want))
+    result = Result(CONFIGS[key].name, batch, "constants" if bake else "parameters",
+                    statistics.median(ox_times) * 1e3, statistics.median(ort_times) * 1e3,
+                    oxla_load, oxla_first, ort_load, ort_first, diff)
+    return result, ort_sess
+
+
+def table(results: list[Result]) -> str:
+    lines = ["| model | batch | weights | oxla ms | onnxruntime ms | ratio | oxla load s | oxla first call s | ort load s | max abs diff |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r.model} | {r.batch} | {r.variant} | {r.oxla_ms:.2f} | {r.ort_ms:.2f} | "
+                     f"{r.ratio:.2f}x | {r.oxla_load_s:.2f} | {r.oxla_first_s:.2f} | {r.ort_load_s:.2f} | {r.max_diff:.1e} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--models", default="resnet50,bert,mlp")
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--bake", action="store_true", help="also measure weights baked as constants")
+    parser.add_argument("--write", help="write the results as markdown to this file")
+    args = parser.parse_args(argv)
+    results: list[Result] = []
+    for key in args.models.split(","):
+        for batch in CONFIGS[key].batches:
+            ort_sess = None
+            for bake in (False, True) if args.bake else (False,):
+                r, ort_sess = bench(key, batch, args.runs, bake, ort_sess)
+                results.append(r)
+                print(f"{r.model} b{r.batch} {r.variant}: oxla {r.oxla_ms:.2f} ms, onnxruntime "
+                      f"{r.ort_ms:.2f} ms, ratio {r.ratio:.2f}x, first call {r.oxla_first_s:.2f} s", flush=True)
+    text = table(results)
+    print("\n" + text)
+    if args.write:
+        import jax
+        import onnxruntime
+
+        command = "python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:])
+        header = (f"Command: `{command}`\n\nMachine: {platform.processor() or platform.machine()}, "
+                  f"{os.cpu_count()} cores; jax {jax.__version__}, onnxruntime {onnxruntime.__version__}, "
+                  f"onnx {onnx.__version__}. Median of {args.runs} alternating calls after warm-up.\n\n")
+        Path(args.write).write_text(header + text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
