@@ -1,0 +1,93 @@
+"""Linear algebra: MatMul, Gemm, Einsum, Det, MatMulInteger."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from oxla.lowering.registry import rule
+
+# float32 products at full precision: onnx's tolerances assume it (TPU/GPU default to less)
+HIGHEST = lax.Precision.HIGHEST
+
+
+@rule("MatMul", since=1)
+def mat_mul(cx, a, b):
+    """Y = A @ B as numpy.matmul: 1-D operands promoted and squeezed, batch dims broadcast (v1+)."""
+    if not a.shape or not b.shape:
+        raise cx.fail(f"inputs must have rank >= 1, got shapes {a.shape} and {b.shape}")
+    return jnp.matmul(a, b, precision=HIGHEST)
+
+
+def _gemm(cx, a, b, c, alpha: float, beta: float, trans_a: int, trans_b: int):
+    cx.expect_rank("A", a, 2)
+    cx.expect_rank("B", b, 2)
+    a = a.T if trans_a else a
+    b = b.T if trans_b else b
+    if a.shape[1] != b.shape[0]:
+        raise cx.fail(f"op(A) {a.shape} and op(B) {b.shape} do not share the inner dimension")
+    y = jnp.matmul(a, b, precision=HIGHEST)
+    if alpha != 1.0:
+        y = y * jnp.asarray(alpha, y.dtype)
+    if c is None:
+        return y
+    if beta != 1.0:
+        c = c * jnp.asarray(beta, c.dtype)
+    # C broadcasts unidirectionally to (M, N)
+    return y + jnp.broadcast_to(c, y.shape).astype(y.dtype)
+
+
+@rule("Gemm", since=11)
+def gemm(cx, a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
+    """Y = alpha * op(A) @ op(B) + beta * C (v11+: C optional)."""
+    return _gemm(cx, a, b, c, alpha, beta, transA, transB)
+
+
+@rule("Gemm", since=7)
+def gemm_v7(cx, a, b, c, *, alpha=1.0, beta=1.0, transA=0, transB=0):
+    """Y = alpha * op(A) @ op(B) + beta * C, C required and broadcast to (M, N) (v7-v10)."""
+    if c is None:
+        raise cx.fail("input C is required before opset 11")
+    return _gemm(cx, a, b, c, alpha, beta, transA, transB)
+
+
+@rule("Gemm", since=1)
+def gemm_v1(cx, a, b, c, *, alpha=1.0, beta=1.0, broadcast=0, transA=0, transB=0):
+    """Y = alpha * op(A) @ op(B) + beta * C, C required; broadcast=1 lets C broadcast (v1-v6)."""
+    if c is None:
+        raise cx.fail("input C is required before opset 11")
+    m, n = a.shape[1 if transA else 0], b.shape[0 if transB else 1]
+    if not broadcast and tuple(c.shape) not in ((m, n), ()):
+        raise cx.fail(f"C has shape {c.shape}, expected ({m}, {n}); set broadcast=1 to broadcast it")
+    return _gemm(cx, a, b, c, alpha, beta, transA, transB)
+
+
+@rule("Einsum", since=12)
+def einsum(cx, *inputs, equation=None):
+    """Einstein summation over the operands as the equation says (spaces ignored) (v12+)."""
+    if equation is None:
+        raise cx.fail("attribute equation is required")
+    out = jnp.einsum(equation.replace(" ", ""), *inputs, precision=HIGHEST)
+    return out.astype(inputs[0].dtype) if inputs else out
+
+
+@rule("Det", since=11)
+def det(cx, x):
+    """Determinant of each square matrix in the last two dims of X, shape [*, M, M] -> [*] (v11+)."""
+    if len(x.shape) < 2 or x.shape[-1] != x.shape[-2]:
+        raise cx.fail(f"X must be [*, M, M], got shape {x.shape}")
+    return jnp.linalg.det(x)
+
+
+@rule("MatMulInteger", since=10)
+def mat_mul_integer(cx, a, b, a_zero_point=None, b_zero_point=None):
+    """Y = (A - a_zero_point) @ (B - b_zero_point) in int32; zero points per tensor, row of A or column of B (v10+)."""
+    a = a.astype(jnp.int32)
+    b = b.astype(jnp.int32)
+    if a_zero_point is not None:
+        zp = a_zero_point.astype(jnp.int32)
+        a = a - (zp[..., None] if zp.ndim else zp)  # a 1-D zero point is per row of A
+    if b_zero_point is not None:
+        zp = b_zero_point.astype(jnp.int32)
+        b = b - (zp[..., None, :] if zp.ndim else zp)  # a 1-D zero point is per column of B
+    return jnp.matmul(a, b, preferred_element_type=jnp.int32)
