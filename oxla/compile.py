@@ -127,11 +127,10 @@ class CompiledModel:
                     self._roots.clear()
 
     def _execute(self, inputs: Mapping[str, Any]) -> dict[str, Value]:
-        env: dict[str, Value] = dict(self.constants)
-        env.update(self.params)
+        env: dict[str, Value] = {}  # feeds, segment outputs and host-step outputs (no params)
         keyed: list[Any] = []
         for name, value in inputs.items():
-            if (name in self.constants and name in self._overridable) or _host_only(value):
+            if name in self._overridable or _host_only(value):  # keyed by value: rare
                 env[name] = to_static(value)
                 keyed.append((name, _value_key(value)))
             else:
@@ -139,21 +138,26 @@ class CompiledModel:
         pos = 0
         children = self._roots
         while True:
-            traced = tuple(sorted(n for n in self._live_from(pos) if n in env and not is_static(env[n])))
-            key = (pos, tuple((n, signature(env[n])) for n in traced), tuple(keyed))
+            traced = tuple(n for n in self._live_in(pos) if n in env and not is_static(env[n]))
+            key = (pos, tuple(signature(env[n]) for n in traced), tuple(keyed))
             seg = children.get(key)
             if seg is None:
                 seg = self._build(pos, env, traced)
                 children[key] = seg
             if seg.compiled is not None:
                 self.stats.segments += 1
-                env.update(seg.compiled({n: env[n] for n in seg.inputs}))
+                env.update(seg.compiled(self.params, {n: env[n] for n in traced}))
             env.update(seg.statics)
             if seg.stop is None:
-                return {name: env[name] for name in self.output_names}
+                return {name: self._lookup(env, name) for name in self.output_names}
             keyed.extend(self._host_step(seg.stop, env))
             pos = seg.stop + 1
             children = seg.children
+
+    def _lookup(self, env: dict[str, Value], name: str) -> Value:
+        if name in env:
+            return env[name]
+        return self.params[name] if name in self.params else self.constants[name]
 
     def _live_from(self, pos: int) -> frozenset[str]:
         """Names read by nodes at index >= pos, plus the graph outputs."""
@@ -165,14 +169,28 @@ class CompiledModel:
             live = self._live[pos] = frozenset(acc)
         return live
 
+    def _live_in(self, pos: int) -> tuple[str, ...]:
+        """Values live at `pos` that come from before it: graph inputs and earlier nodes' outputs."""
+        key = -1 - pos
+        cached = self._live.get(key)
+        if cached is None:
+            cached = frozenset(n for n in self._live_from(pos)
+                               if n not in self.params and n not in self.constants
+                               and self._producer.get(n, -1) < pos)
+            self._live[key] = cached
+        return tuple(sorted(cached))
+
     def _build(self, pos: int, env: dict[str, Value], traced: tuple[str, ...]) -> _Segment:
         seg = _Segment(pos, inputs=traced)
-        static_env = {n: v for n, v in env.items() if is_static(v)}
+        env_statics = {n: v for n, v in env.items() if is_static(v)}
+        static_env = {**self.constants, **env_statics}
         record: dict[str, Any] = {}
 
-        def segment(args: dict[str, Value]) -> dict[str, Value]:
+        def segment(params: dict[str, Value], args: dict[str, Value]) -> dict[str, Value]:
             scope = Scope()
-            scope.values.update(static_env)
+            scope.values.update(self.constants)
+            scope.values.update(params)
+            scope.values.update(env_statics)  # feeds overriding initializers win over them
             scope.values.update(args)
             stop = None
             for i in range(pos, len(self.nodes)):
@@ -183,15 +201,16 @@ class CompiledModel:
                     stop = i
                     break
             live = self._live_from(len(self.nodes) if stop is None else stop)
-            outs = {n: scope.values[n] for n in live
-                    if n in scope.values and n not in args and not is_static(scope.values[n])}
+            outs = {n: scope.values[n] for n in live if n in scope.values and n not in args
+                    and n not in params and not is_static(scope.values[n])}
             record["stop"] = stop
             record["statics"] = {n: scope.values[n] for n in live
                                  if n in scope.values and n not in static_env and is_static(scope.values[n])}
             return outs
 
         specs = {n: _spec(env[n]) for n in traced}
-        lowered = jax.jit(segment).lower(specs)
+        param_specs = {n: _spec(v) for n, v in self.params.items()}
+        lowered = jax.jit(segment).lower(param_specs, specs)
         seg.stop = record["stop"]
         seg.statics = record["statics"]
         out_tree = lowered.out_info
@@ -240,8 +259,8 @@ class CompiledModel:
         self.stats.host_nodes.add(node.name or node.op_type)
         scope = Scope()
         for n in self._reads[index]:
-            if n in env:
-                scope.set(n, to_static(env[n]))
+            if n in env or n in self.params or n in self.constants:
+                scope.set(n, to_static(self._lookup(env, n)))
         try:
             self.interpreter.run_node(node, scope, self.interpreter.opsets)
         except NeedStatic as e:  # every input is concrete here; a rule asking again is a bug

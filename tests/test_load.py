@@ -135,3 +135,12 @@ def test_declared_but_unused_domain() -> None:
     model.opset_import.append(helper.make_opsetid("com.unused", 3))
     (y,) = oxla.InferenceSession(model.SerializeToString()).run(None, {"x": np.ones(64, np.float32)})
     assert y[1] == 2.0
+
+
+def test_ir3_initializer_can_be_overridden_by_a_feed() -> None:
+    model = _model_with_weight()
+    model.ir_version = 3
+    model.graph.input.append(helper.make_tensor_value_info("w", onnx.TensorProto.FLOAT, [64]))
+    sess = oxla.InferenceSession(model.SerializeToString())
+    (y,) = sess.run(None, {"x": np.zeros(64, np.float32), "w": np.ones(64, np.float32)})
+    np.testing.assert_array_equal(y, np.ones(64, np.float32))
