@@ -222,7 +222,8 @@ class CompiledModel:
 
     def _maybe_promote(self, index: int, need: NeedStatic, scope: Scope) -> None:
         """A static value that derives from initializers only: make them constants and retrace."""
-        names = [need.value_name] if need.value_name in self._producer or need.value_name in self.params else []
+        names = [need.value_name] if need.value_name and (
+            need.value_name in self._producer or need.value_name in self.params) else []
         if not names:
             names = [n for n in self.nodes[index].input if n and n in scope and not is_static(scope.get(n))]
         promote: set[str] = set()

@@ -7,7 +7,6 @@ from typing import Any
 
 import jax
 import onnx
-import onnx.defs
 from onnx import AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, numpy_helper
 
 from oxla.errors import (
@@ -17,6 +16,7 @@ from oxla.errors import (
     rule_failure,
     unsupported_ops,
 )
+from oxla.lowering import schemas
 from oxla.lowering.context import Context, NeedStatic, Options
 from oxla.lowering.registry import Rule, canonical_domain, known_versions, lookup
 from oxla.lowering.values import Value, is_static, to_static, type_proto
@@ -269,25 +269,20 @@ class Interpreter:
     def schema_function(self, node: NodeProto, domain: str, opset: int,
                         inputs: Sequence[Value]) -> FunctionProto | None:
         """The schema's function body for this node (plain or context-dependent), or None."""
-        try:
-            schema = onnx.defs.get_schema(node.op_type, opset, domain)
-        except onnx.defs.SchemaError:
+        schema = schemas.get_schema(node.op_type, opset, domain)
+        if schema is None or not schemas.has_body(schema):
             return None
-        if schema.has_context_dependent_function:
+        if schemas.is_context_dependent(schema):
             types = tuple(type_proto(v).SerializeToString() for v in inputs)
             key: Any = ("cd", domain, node.op_type, opset, node.SerializeToString(), types)
             if key not in self._bodies:
-                data = schema.get_context_dependent_function_with_opset_version(
-                    opset, node.SerializeToString(), list(types))
-                self._bodies[key] = FunctionProto.FromString(data) if data else None
+                self._bodies[key] = schemas.context_body(schema, opset, node.SerializeToString(),
+                                                         list(types))
             return self._bodies[key]
-        if schema.has_function:
-            key = ("fn", domain, node.op_type, opset)
-            if key not in self._bodies:
-                data = schema.get_function_with_opset_version(opset)
-                self._bodies[key] = FunctionProto.FromString(data) if data else None
-            return self._bodies[key]
-        return None
+        key = ("fn", domain, node.op_type, opset)
+        if key not in self._bodies:
+            self._bodies[key] = schemas.plain_body(schema, opset)
+        return self._bodies[key]
 
     def call_function(self, fn: FunctionProto, node: NodeProto, inputs: Sequence[Value],
                       opsets: dict[str, int], ref: NodeRef) -> tuple[Value, ...]:

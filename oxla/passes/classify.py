@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-import onnx.defs
 from onnx import AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto
 
 from oxla.errors import unsupported_ops
+from oxla.lowering import schemas
 from oxla.lowering.interpreter import model_opsets
 from oxla.lowering.registry import canonical_domain, lookup
 
@@ -31,8 +31,8 @@ class OpUse:
     rule_since: int | None = None
 
 
-def _walk(nodes: list[NodeProto] | object, opsets: dict[str, int]) -> Iterator[tuple[NodeProto, dict[str, int]]]:
-    for node in nodes:  # type: ignore[attr-defined]
+def _walk(nodes: Iterable[NodeProto], opsets: dict[str, int]) -> Iterator[tuple[NodeProto, dict[str, int]]]:
+    for node in nodes:
         yield node, opsets
         for attr in node.attribute:
             graphs: list[GraphProto] = []
@@ -46,16 +46,13 @@ def _walk(nodes: list[NodeProto] | object, opsets: dict[str, int]) -> Iterator[t
 
 def _schema_body(op_type: str, domain: str, opset: int) -> tuple[bool, FunctionProto | None]:
     """(has a function body, the plain body when it needs no context)."""
-    try:
-        schema = onnx.defs.get_schema(op_type, opset, domain)
-    except onnx.defs.SchemaError:
+    schema = schemas.get_schema(op_type, opset, domain)
+    if schema is None or not schemas.has_body(schema):
         return False, None
-    if schema.has_context_dependent_function:
+    if schemas.is_context_dependent(schema):
         return True, None
-    if schema.has_function:
-        data = schema.get_function_with_opset_version(opset)
-        return (True, FunctionProto.FromString(data)) if data else (False, None)
-    return False, None
+    body = schemas.plain_body(schema, opset)
+    return body is not None, body
 
 
 def classify(model: ModelProto) -> list[OpUse]:
