@@ -1,0 +1,212 @@
+"""Recurrent layers: RNN, GRU and LSTM as one lax.scan over time per direction.
+
+Shapes (layout 0): X [T, batch, input], W [dirs, gates*H, input], R [dirs, gates*H, H],
+B [dirs, 2*gates*H] (input biases then recurrent biases), initial states [dirs, batch, H];
+Y [T, dirs, batch, H]. Layout 1 (v14+) puts batch first: X [batch, T, input], Y [batch, T, dirs, H],
+states [batch, dirs, H].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+from jax import lax
+
+from oxla.lowering.registry import rule
+
+Act = Callable[[Any], Any]
+Cell = Callable[[tuple, Any], tuple]
+HIGHEST = lax.Precision.HIGHEST  # recurrences compound rounding: keep full float32 matmuls
+
+# name -> (f(x, alpha, beta), default alpha, default beta); None: the function takes no such value.
+_ACTIVATIONS: dict[str, tuple[Callable[[Any, Any, Any], Any], float | None, float | None]] = {
+    "relu": (lambda x, a, b: jnp.maximum(x, 0), None, None),
+    "tanh": (lambda x, a, b: jnp.tanh(x), None, None),
+    "sigmoid": (lambda x, a, b: lax.logistic(x), None, None),
+    "affine": (lambda x, a, b: a * x + b, 1.0, 0.0),
+    "leakyrelu": (lambda x, a, b: jnp.where(x >= 0, x, a * x), 0.01, None),
+    "thresholdedrelu": (lambda x, a, b: jnp.where(x > a, x, 0), 1.0, None),
+    "scaledtanh": (lambda x, a, b: a * jnp.tanh(b * x), 1.0, 1.0),
+    "hardsigmoid": (lambda x, a, b: jnp.clip(a * x + b, 0, 1), 0.2, 0.5),
+    "elu": (lambda x, a, b: jnp.where(x >= 0, x, a * jnp.expm1(x)), 1.0, None),
+    "softsign": (lambda x, a, b: x / (1 + jnp.abs(x)), None, None),
+    "softplus": (lambda x, a, b: jnp.logaddexp(x, 0), None, None),
+}
+
+
+def _activations(cx, names: Sequence[str] | None, alphas: Sequence[float] | None,
+                 betas: Sequence[float] | None, defaults: tuple[str, ...], dirs: int) -> list[list[Act]]:
+    """Per direction, the activation functions (alpha/beta lists are consumed in order)."""
+    names = list(names) if names else list(defaults)
+    if len(names) == len(defaults) and dirs == 2:
+        names = names * 2  # one set given for a bidirectional layer: both directions use it
+    if len(names) != len(defaults) * dirs:
+        raise cx.fail(f"activations {names} must name {len(defaults)} functions per direction "
+                      f"({dirs} directions)")
+    alphas, betas = list(alphas or ()), list(betas or ())
+    acts: list[Act] = []
+    for name in names:
+        entry = _ACTIVATIONS.get(name.lower())
+        if entry is None:
+            raise cx.fail(f"unknown activation '{name}' (known: {', '.join(_ACTIVATIONS)})")
+        f, alpha, beta = entry
+        if alpha is not None and alphas:
+            alpha = alphas.pop(0)
+        if beta is not None and betas:
+            beta = betas.pop(0)
+        acts.append(lambda x, f=f, a=alpha, b=beta: f(x, a, b))
+    k = len(defaults)
+    return [acts[d * k:(d + 1) * k] for d in range(dirs)]
+
+
+def _directions(cx, direction: str, num: int) -> list[bool]:
+    """Whether each direction runs backward in time."""
+    table = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}
+    if direction not in table:
+        raise cx.fail(f"direction must be forward, reverse or bidirectional, got '{direction}'")
+    if len(table[direction]) != num:
+        raise cx.fail(f"direction '{direction}' needs {len(table[direction])} weight sets in W, got {num}")
+    return table[direction]
+
+
+def _clipper(clip: float | None) -> Act:
+    if clip is None:
+        return lambda x: x
+    return lambda x: jnp.clip(x, -clip, clip)
+
+
+def _recur(cell: Cell, xw: Any, init: tuple, mask: Any, reverse: bool) -> tuple[Any, tuple]:
+    """Run cell over time; steps past a sequence's length keep the state and output zeros."""
+    def step(carry: tuple, inputs: tuple) -> tuple:
+        xw_t, m_t = inputs
+        new = cell(carry, xw_t)
+        if m_t is None:
+            return new, new[0]
+        new = tuple(jnp.where(m_t, n, c) for n, c in zip(new, carry))
+        return new, jnp.where(m_t, new[0], 0)
+
+    final, y = lax.scan(step, init, (xw, mask), reverse=reverse)
+    return y, final
+
+
+def _layer(cx, X, W, R, B, sequence_lens, states: list, *, gates: int, direction: str,
+           hidden_size: int | None, layout: int, make_cell: Callable[[int, Any, Any], Cell]) -> tuple:
+    """The shared driver: returns Y and the final states, in the node's layout."""
+    for name, v in (("X", X), ("W", W), ("R", R)):
+        cx.expect_rank(name, v, 3)
+    if layout not in (0, 1):
+        raise cx.fail(f"layout must be 0 or 1, got {layout}")
+    reverse = _directions(cx, direction, W.shape[0])
+    H = R.shape[-1]
+    if hidden_size is not None and hidden_size != H:
+        raise cx.fail(f"hidden_size is {hidden_size} but R has shape {tuple(R.shape)}")
+    if W.shape[1] != gates * H:
+        raise cx.fail(f"W must have {gates}*hidden_size = {gates * H} rows, got shape {tuple(W.shape)}")
+    if layout:
+        X = jnp.swapaxes(X, 0, 1)
+        states = [None if s is None else jnp.swapaxes(s, 0, 1) for s in states]
+    T, batch = X.shape[0], X.shape[1]
+    if B is None:
+        B = jnp.zeros((len(reverse), 2 * gates * H), X.dtype)
+    states = [jnp.zeros((len(reverse), batch, H), X.dtype) if s is None else s for s in states]
+    mask = None
+    if sequence_lens is not None:
+        mask = (jnp.arange(T)[:, None] < jnp.reshape(sequence_lens, (1, batch)))[..., None]
+    ys, finals = [], []
+    for d, backward in enumerate(reverse):
+        xw = jnp.einsum("tbi,gi->tbg", X, W[d], precision=HIGHEST) + B[d, :gates * H]
+        cell = make_cell(d, R[d], B[d, gates * H:])
+        y, final = _recur(cell, xw, tuple(s[d] for s in states), mask, backward)
+        ys.append(y)
+        finals.append(final)
+    Y = jnp.stack(ys, axis=1)
+    outs = [jnp.stack([f[j] for f in finals]) for j in range(len(states))]
+    if layout:
+        return jnp.transpose(Y, (2, 0, 1, 3)), *[jnp.swapaxes(s, 0, 1) for s in outs]
+    return Y, *outs
+
+
+def _dot(h, w):
+    """h [batch, H] times the transpose of w [k, H]."""
+    return jnp.dot(h, w.T, precision=HIGHEST)
+
+
+@rule("RNN", since=7)
+def rnn(cx, X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_alpha=None,
+        activation_beta=None, activations=("Tanh", "Tanh"), clip=None, direction="forward",
+        hidden_size=None, layout=0):
+    """H_t = f(X_t W^T + H_{t-1} R^T + Wb + Rb); returns Y, Y_h  (v7+; v14+ layout)."""
+    if W.shape[0] == 1 and activations and len(activations) == 2:
+        activations = activations[:1]  # the default lists two, one per direction: forward uses one
+    acts = _activations(cx, activations, activation_alpha, activation_beta, ("Tanh",),
+                        W.shape[0])
+    clipped = _clipper(clip)
+
+    def make_cell(d: int, r: Any, rb: Any) -> Cell:
+        (f,) = acts[d]
+        return lambda carry, xw: (f(clipped(xw + _dot(carry[0], r) + rb)),)
+
+    return _layer(cx, X, W, R, B, sequence_lens, [initial_h], gates=1, direction=direction,
+                  hidden_size=hidden_size, layout=layout, make_cell=make_cell)
+
+
+@rule("GRU", since=7)
+def gru(cx, X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_alpha=None,
+        activation_beta=None, activations=None, clip=None, direction="forward",
+        hidden_size=None, layout=0, linear_before_reset=0):
+    """z, r = f(..), h = g(X Wh^T + (r*H) Rh^T + ..) (or r*(H Rh^T + Rbh) when linear_before_reset);
+    H_t = (1-z)*h + z*H_{t-1}; gates ordered z, r, h  (v7+; v14+ layout)."""
+    acts = _activations(cx, activations, activation_alpha, activation_beta, ("Sigmoid", "Tanh"),
+                        W.shape[0])
+    clipped = _clipper(clip)
+
+    def make_cell(d: int, r: Any, rb: Any) -> Cell:
+        f, g = acts[d]
+        H = r.shape[-1]
+
+        def cell(carry: tuple, xw: Any) -> tuple:
+            (h,) = carry
+            zr = xw[:, :2 * H] + _dot(h, r[:2 * H]) + rb[:2 * H]
+            z, reset = f(clipped(zr[:, :H])), f(clipped(zr[:, H:]))
+            if linear_before_reset:
+                cand = xw[:, 2 * H:] + reset * (_dot(h, r[2 * H:]) + rb[2 * H:])
+            else:
+                cand = xw[:, 2 * H:] + _dot(reset * h, r[2 * H:]) + rb[2 * H:]
+            return ((1 - z) * g(clipped(cand)) + z * h,)
+        return cell
+
+    return _layer(cx, X, W, R, B, sequence_lens, [initial_h], gates=3, direction=direction,
+                  hidden_size=hidden_size, layout=layout, make_cell=make_cell)
+
+
+@rule("LSTM", since=7)
+def lstm(cx, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None, *,
+         activation_alpha=None, activation_beta=None, activations=None, clip=None,
+         direction="forward", hidden_size=None, input_forget=0, layout=0):
+    """i, f, o = f(.. + P*C), C_t = f*C_{t-1} + i*g(..), H_t = o*h(C_t); gates ordered i, o, f, c,
+    peepholes i, o, f; returns Y, Y_h, Y_c  (v7+; v14+ layout)."""
+    acts = _activations(cx, activations, activation_alpha, activation_beta,
+                        ("Sigmoid", "Tanh", "Tanh"), W.shape[0])
+    clipped = _clipper(clip)
+
+    def make_cell(d: int, r: Any, rb: Any) -> Cell:
+        f, g, h_act = acts[d]
+        H = r.shape[-1]
+        p = jnp.zeros((3 * H,), X.dtype) if P is None else P[d]
+
+        def cell(carry: tuple, xw: Any) -> tuple:
+            h, c = carry
+            z = xw + _dot(h, r) + rb
+            i = f(clipped(z[:, :H] + p[:H] * c))
+            # input_forget couples the gates: what is forgotten is what gets written.
+            forget = 1 - i if input_forget else f(clipped(z[:, 2 * H:3 * H] + p[2 * H:] * c))
+            c_new = forget * c + i * g(clipped(z[:, 3 * H:]))
+            o = f(clipped(z[:, H:2 * H] + p[H:2 * H] * c_new))
+            return o * h_act(c_new), c_new
+        return cell
+
+    return _layer(cx, X, W, R, B, sequence_lens, [initial_h, initial_c], gates=4,
+                  direction=direction, hidden_size=hidden_size, layout=layout,
+                  make_cell=make_cell)
