@@ -193,13 +193,14 @@ class CompiledModel:
             scope.values.update(env_statics)  # feeds overriding initializers win over them
             scope.values.update(args)
             stop = None
-            for i in range(pos, len(self.nodes)):
-                try:
-                    self.interpreter.run_node(self.nodes[i], scope, self.interpreter.opsets)
-                except NeedStatic as e:
-                    self._maybe_promote(i, e, scope)
-                    stop = i
-                    break
+            with self.interpreter.in_graph(self.nodes):
+                for i in range(pos, len(self.nodes)):
+                    try:
+                        self.interpreter.run_node(self.nodes[i], scope, self.interpreter.opsets)
+                    except NeedStatic as e:
+                        self._maybe_promote(i, e, scope)
+                        stop = i
+                        break
             live = self._live_from(len(self.nodes) if stop is None else stop)
             outs = {n: scope.values[n] for n in live if n in scope.values and n not in args
                     and n not in params and not is_static(scope.values[n])}
@@ -263,7 +264,8 @@ class CompiledModel:
             if n in env or n in self.params or n in self.constants:
                 scope.set(n, to_static(self._lookup(env, n)))
         try:
-            self.interpreter.run_node(node, scope, self.interpreter.opsets)
+            with self.interpreter.in_graph(self.nodes):
+                self.interpreter.run_node(node, scope, self.interpreter.opsets)
         except NeedStatic as e:  # every input is concrete here; a rule asking again is a bug
             raise LoweringError(f"{e} even with concrete inputs") from None
         keyed = []

@@ -61,6 +61,11 @@ class Context:
     def num_outputs(self) -> int:
         return len(self.node.output)
 
+    @property
+    def graph_nodes(self) -> Sequence[NodeProto]:
+        """The nodes of the graph (or function body) this node belongs to, in order."""
+        return self.interp.graphs[-1] if self.interp.graphs else (self.node,)
+
     def output_used(self, index: int) -> bool:
         """Whether the node names output `index` (optional outputs may be left out)."""
         return index < len(self.node.output) and bool(self.node.output[index])

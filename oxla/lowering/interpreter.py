@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -143,6 +144,7 @@ class Interpreter:
         self._bodies: dict[Any, FunctionProto | None] = {}
         self.expanded: dict[tuple[str, str, int], int] = {}
         self.native: dict[tuple[str, str, int], int] = {}
+        self.graphs: list[Sequence[NodeProto]] = []
 
     # --- graphs -------------------------------------------------------------------------------
 
@@ -161,9 +163,19 @@ class Interpreter:
         self.run_nodes(graph.node, scope, opsets)
         return [self._read(scope, o.name, graph.name) for o in graph.output]
 
-    def run_nodes(self, nodes: Iterable[NodeProto], scope: Scope, opsets: dict[str, int]) -> None:
-        for node in nodes:
-            self.run_node(node, scope, opsets)
+    def run_nodes(self, nodes: Sequence[NodeProto], scope: Scope, opsets: dict[str, int]) -> None:
+        with self.in_graph(nodes):
+            for node in nodes:
+                self.run_node(node, scope, opsets)
+
+    @contextlib.contextmanager
+    def in_graph(self, nodes: Sequence[NodeProto]) -> Iterator[None]:
+        """Make `nodes` the graph rules see as `cx.graph_nodes` (Gradient needs its graph)."""
+        self.graphs.append(nodes)
+        try:
+            yield
+        finally:
+            self.graphs.pop()
 
     @staticmethod
     def _read(scope: Scope, name: str, where: str) -> Value:
@@ -294,8 +306,7 @@ class Interpreter:
         defaults = {a.name: a for a in fn.attribute_proto}
         fn_opsets = dict(opsets)
         fn_opsets.update(model_opsets(fn.opset_import))
-        for body_node in fn.node:
-            self.run_node(_substitute(body_node, given, defaults), scope, fn_opsets)
+        self.run_nodes([_substitute(n, given, defaults) for n in fn.node], scope, fn_opsets)
         return tuple(self._read(scope, o, f"function {fn.name}") for o in fn.output)
 
 
