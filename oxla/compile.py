@@ -68,7 +68,7 @@ class CompiledModel:
 
     def __init__(self, model: ModelProto, options: Options | None = None) -> None:
         self.options = options or Options()
-        self.model = prepare(model)
+        self.model = prepare(model, bake_weights=self.options.bake_weights)
         graph = self.model.graph
         self.interpreter = Interpreter(self.model, self.options)
         self.nodes: list[NodeProto] = list(graph.node)

@@ -1,0 +1,58 @@
+"""Graph passes: op classification and large constants becoming parameters."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+import oxla
+from oxla.passes.classify import classify
+
+
+def test_large_float_constant_becomes_a_parameter() -> None:
+    big = numpy_helper.from_array(np.arange(2048, dtype=np.float32), "w")
+    small = numpy_helper.from_array(np.arange(4, dtype=np.float32), "s")
+    nodes = [helper.make_node("Constant", [], ["w"], value=big),
+             helper.make_node("Constant", [], ["s"], value=small),
+             helper.make_node("Add", ["x", "w"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2048])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2048])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    compiled = oxla.compile(model)
+    assert "w" in compiled.params and "s" not in compiled.params
+    out = compiled({"x": np.ones(2048, np.float32)})["y"]
+    np.testing.assert_array_equal(np.asarray(out), np.arange(2048, dtype=np.float32) + 1)
+    assert "w" not in oxla.compile(model, bake_weights=True).params
+
+
+def test_classify_native_expanded_local() -> None:
+    m = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 18, "local" : 1]>
+        g (float[3] x) => (float[3] y) { a = local.Twice(x) y = HardSwish(a) z = Softsign(a) }
+        <domain: "local", opset_import: ["" : 18]>
+        Twice (x) => (y) { y = Add(x, x) }
+    """)
+    kinds = {u.op_type: u.kind for u in classify(m)}
+    assert kinds["Twice"] == "local-function"
+    assert kinds["Add"] == "native"
+    assert kinds["HardSwish"] == "native"
+
+
+LOCAL = """
+    <ir_version: 8, opset_import: ["" : 18, "local" : 1]>
+    g (float[4] x) => (float[4] y, float[4] z) {
+        y = local.Leaky <alpha: float = 0.5> (x)
+        z = local.Leaky (x)
+    }
+    <domain: "local", opset_import: ["" : 18]>
+    Leaky <alpha: float = 0.25> (x) => (y) { y = LeakyRelu <alpha: float = @alpha> (x) }
+"""
+
+
+def test_local_function_attribute_reference_and_default() -> None:
+    m = onnx.parser.parse_model(LOCAL)
+    x = np.array([-4, -1, 0, 2], np.float32)
+    y, z = oxla.InferenceSession(m.SerializeToString()).run(None, {"x": x})
+    np.testing.assert_allclose(y, np.where(x < 0, 0.5 * x, x))
+    np.testing.assert_allclose(z, np.where(x < 0, 0.25 * x, x))
