@@ -141,32 +141,48 @@ def _token_ids(cx, x: Any, tokens: list[Any], pool_strings: Any) -> Any:
     return jnp.where(table[at] == x, at, -1)
 
 
+DENSE_TRIE = 1 << 22  # trie edges as a dense (node, token) table up to this many entries
+
+
+def _step(keys: np.ndarray, children: np.ndarray, n_nodes: int, n_tokens: int) -> Any:
+    """next(node, token): the trie child, or -1; node and token may be -1 (dead, unknown)."""
+    if n_nodes * n_tokens <= DENSE_TRIE:
+        table = np.full(n_nodes * n_tokens + 1, -1, np.int64)
+        table[keys] = children
+        flat = jnp.asarray(table)
+        return lambda node, tok: flat[jnp.where((node >= 0) & (tok >= 0), node * n_tokens + tok, -1)]
+    sorted_keys, kids = jnp.asarray(keys), jnp.asarray(children)
+
+    def search(node: Any, tok: Any) -> Any:
+        key = node * n_tokens + tok
+        at = jnp.clip(jnp.searchsorted(sorted_keys, key), 0, keys.size - 1)
+        return jnp.where((node >= 0) & (tok >= 0) & (sorted_keys[at] == key), kids[at], -1)
+    return search
+
+
 def _walk(ids: Any, keys: np.ndarray, children: np.ndarray, outputs: np.ndarray, n_tokens: int,
           min_n: int, max_n: int, max_skip: int, size: int) -> Any:
     """Counts[b, column]: every n-gram occurrence in each row, items skip apart (0..max_skip)."""
     rows, width = ids.shape
-    counts = jnp.zeros((rows, size), jnp.float32)
     if keys.size == 0 or width == 0:
-        return counts
-    n_keys = keys.size
-    keys, children, outputs = jnp.asarray(keys), jnp.asarray(children), jnp.asarray(outputs)
-    starts = jnp.arange(width)
-    row = jnp.arange(rows)[:, None]
+        return jnp.zeros((rows, size), jnp.float32)
+    step = _step(keys, children, outputs.size, n_tokens)
+    column_of = jnp.asarray(np.append(outputs, -1))  # node -1 (dead) has no column
+    starts = np.arange(width)
+    found = []
     for skip in range(max_skip + 1):
         node = jnp.zeros((rows, width), jnp.int64)
         for n in range(1, max_n + 1):
             pos = starts + (n - 1) * (skip + 1)
-            tok = ids[:, jnp.clip(pos, 0, width - 1)]
-            key = node * n_tokens + tok
-            at = jnp.clip(jnp.searchsorted(keys, key), 0, n_keys - 1)
-            alive = (node >= 0) & (tok >= 0) & (pos < width)[None, :] & (keys[at] == key)
-            node = jnp.where(alive, children[at], -1)
-            column = jnp.where(node >= 0, outputs[jnp.maximum(node, 0)], -1)
+            tok = jnp.where(pos < width, ids[:, np.minimum(pos, width - 1)], -1)
+            node = step(node, tok)
             # Unigrams are counted once, not once per skip distance (as onnxruntime does)
             if n >= min_n and (n > 1 or skip == 0):
-                column = jnp.where(column >= 0, column, size)
-                counts = counts.at[row, column].add(1.0, mode="drop")
-    return counts
+                column = column_of[node]
+                found.append(jnp.where(column >= 0, column, size))
+    columns = jnp.concatenate(found, axis=1)
+    row = jnp.arange(rows)[:, None]
+    return jnp.zeros((rows, size), jnp.float32).at[row, columns].add(1.0, mode="drop")
 
 
 @rule("TfIdfVectorizer", since=9)
