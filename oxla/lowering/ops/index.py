@@ -204,9 +204,9 @@ def unique(cx, x, *, axis=None, sorted=1):
 def reverse_sequence(cx, input, sequence_lens, *, batch_axis=1, time_axis=0):
     """Per batch entry b, reverse the first sequence_lens[b] steps along time_axis (v10+)."""
     rank = len(input.shape)
-    bx, tx = _axis(cx, batch_axis, rank), _axis(cx, time_axis, rank)
-    if bx == tx:
-        raise cx.fail(f"batch_axis and time_axis must differ, both are {bx}")
+    if {batch_axis, time_axis} != {0, 1}:
+        raise cx.fail(f"batch_axis and time_axis must be 0 and 1 in some order, got {batch_axis} and {time_axis}")
+    bx, tx = batch_axis, time_axis
     steps = jnp.arange(input.shape[tx])[None, :]
     lens = sequence_lens.astype(jnp.int64)[:, None]
     src = jnp.where(steps < lens, lens - 1 - steps, steps)  # (batch, time)
