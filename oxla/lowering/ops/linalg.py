@@ -86,8 +86,7 @@ def mat_mul_integer(cx, a, b, a_zero_point=None, b_zero_point=None):
     b = b.astype(jnp.int32)
     if a_zero_point is not None:
         zp = a_zero_point.astype(jnp.int32)
-        a = a - (zp[..., None] if zp.ndim else zp)  # a 1-D zero point is per row of A
+        a = a - (zp[:, None] if zp.ndim == 1 else zp)  # a vector is per row of A; N-D is [..., M, 1]
     if b_zero_point is not None:
-        zp = b_zero_point.astype(jnp.int32)
-        b = b - (zp[..., None, :] if zp.ndim else zp)  # a 1-D zero point is per column of B
+        b = b - b_zero_point.astype(jnp.int32)  # a vector is per column of B; N-D is [..., 1, N]
     return jnp.matmul(a, b, preferred_element_type=jnp.int32)
