@@ -75,8 +75,10 @@ def split(cx, x, split=None, *, axis=0, num_outputs=None):
         raise cx.fail(f"num_outputs is {num_outputs} but the node has {cx.num_outputs} outputs")
     dim = x.shape[axis_index(cx, axis, len(x.shape))]
     chunk = -(-dim // num_outputs)
-    sizes = [min(chunk, max(dim - i * chunk, 0)) for i in range(num_outputs)]
-    return _split(cx, x, axis, sizes)
+    if chunk * (num_outputs - 1) > dim:
+        raise cx.fail(f"num_outputs {num_outputs} cannot split dim {dim}: chunks of {chunk} leave "
+                      "a negative last chunk")
+    return _split(cx, x, axis, [chunk] * (num_outputs - 1) + [dim - chunk * (num_outputs - 1)])
 
 
 @rule("Split", since=13, static=("split",))
