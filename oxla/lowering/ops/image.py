@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+from jax import lax
 
 from oxla.lowering.registry import rule
 
@@ -261,3 +263,214 @@ def upsample_v7(cx, X, *, mode="nearest", scales=None):
     if scales is None:
         raise cx.fail("the scales attribute is required")
     return _upsample(cx, X, scales, mode)
+
+
+# --- GridSample, AffineGrid -------------------------------------------------------------------
+
+def _reflect(x, lo: float, hi: float):
+    """Reflect coordinates into [lo, hi] by the nearer border, as often as needed."""
+    span = hi - lo
+    if span <= 0:
+        return jnp.full_like(x, lo)
+    below = x < lo
+    dx = jnp.where(below, lo - x, x - hi)
+    n = jnp.floor(dx / span)
+    r = dx - n * span
+    even = jnp.mod(n, 2) == 0
+    low_side, high_side = lo + r, hi - r
+    out = jnp.where(below, jnp.where(even, low_side, high_side), jnp.where(even, high_side, low_side))
+    return jnp.where((x >= lo) & (x <= hi), x, out)
+
+
+def _grid_taps(x, size: int, mode: str, padding: str, align: bool):
+    """(index, weight, valid) taps of one spatial axis for every output location."""
+    lo, hi = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
+    x = (x + 1) / 2 * (size - 1) if align else ((x + 1) * size - 1) / 2
+    if mode == "nearest":
+        x = jnp.round(x)  # half to even, as PyTorch does
+    if padding == "border":
+        x = jnp.where((x < lo) | (x > hi), jnp.clip(x, 0, size - 1), x)
+    elif padding == "reflection":
+        x = _reflect(x, lo, hi)
+    if mode == "nearest":
+        taps = [(x.astype(jnp.int32), jnp.ones_like(x))]
+    else:
+        base = jnp.floor(x)
+        t = x - base
+        offsets = (0, 1) if mode == "linear" else (-1, 0, 1, 2)
+        taps = [(base.astype(jnp.int32) + k,
+                 1 - jnp.abs(k - t) if mode == "linear" else _cubic_jnp(k - t, -0.75))
+                for k in offsets]
+    out = []
+    for i, w in taps:
+        valid = (i >= 0) & (i < size)
+        if padding == "reflection":
+            i = _reflect(i.astype(x.dtype), lo, hi).astype(jnp.int32)
+        out.append((jnp.clip(i, 0, size - 1), w, valid if padding == "zeros" else None))
+    return out
+
+
+def _cubic_jnp(d, a: float):
+    d = jnp.abs(d)
+    near = ((a + 2) * d - (a + 3)) * d * d + 1
+    far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+    return jnp.where(d <= 1, near, jnp.where(d < 2, far, 0.0))
+
+
+def _grid_sample(cx, x, grid, mode: str, padding: str, align: bool):
+    if padding not in ("zeros", "border", "reflection"):
+        raise cx.fail(f"padding_mode must be 'zeros', 'border' or 'reflection', got '{padding}'")
+    spatial = x.shape[2:]
+    nd = len(spatial)
+    if grid.ndim != nd + 2 or grid.shape[-1] != nd or grid.shape[0] != x.shape[0]:
+        raise cx.fail(f"grid must have shape (N, *out, {nd}) for X of shape {x.shape}, got {grid.shape}")
+    wide = jnp.float64 if jnp.float64 in (x.dtype, grid.dtype) else jnp.float32
+    g = grid.astype(wide)
+    # the grid's last axis lists coordinates innermost first: (x, y[, z]) for (..., H, W)
+    axes = [_grid_taps(g[..., nd - 1 - k], spatial[k], mode, padding, bool(align)) for k in range(nd)]
+    n, c = x.shape[:2]
+    flat_x = x.reshape(n, c, -1)
+    if mode != "nearest":
+        flat_x = flat_x.astype(wide)
+    strides = [math.prod(spatial[k + 1:]) for k in range(nd)]
+    total = 0
+    for combo in itertools.product(*axes):
+        index = sum(i * s for (i, _, _), s in zip(combo, strides))
+        weight = math.prod(w for _, w, _ in combo)
+        for _, _, valid in combo:
+            if valid is not None:
+                weight = jnp.where(valid, weight, 0)
+        picked = jnp.take_along_axis(flat_x, index.reshape(n, 1, -1), axis=2)
+        if mode == "nearest":
+            total = jnp.where(weight.reshape(n, 1, -1) > 0, picked, jnp.zeros((), x.dtype))
+        else:
+            total = total + picked * weight.reshape(n, 1, -1)
+    return jnp.asarray(total).reshape((n, c, *grid.shape[1:-1])).astype(x.dtype)
+
+
+@rule("GridSample", since=20)
+def grid_sample(cx, X, grid, *, align_corners=0, mode="linear", padding_mode="zeros"):
+    """Y[n, c, p] = X[n, c] interpolated at the denormalized grid[n, p] (v20+: N-D, linear/cubic)."""
+    if mode not in ("nearest", "linear", "cubic"):
+        raise cx.fail(f"mode must be 'nearest', 'linear' or 'cubic', got '{mode}'")
+    return _grid_sample(cx, X, grid, mode, padding_mode, align_corners)
+
+
+@rule("GridSample", since=16)
+def grid_sample_v16(cx, X, grid, *, align_corners=0, mode="bilinear", padding_mode="zeros"):
+    """Y[n, c, h, w] = X[n, c] interpolated at the denormalized grid[n, h, w] (v16-v19: 4-D only)."""
+    names = {"bilinear": "linear", "nearest": "nearest", "bicubic": "cubic"}
+    if mode not in names:
+        raise cx.fail(f"mode must be 'bilinear', 'nearest' or 'bicubic', got '{mode}'")
+    cx.expect_rank("X", X, 4)
+    return _grid_sample(cx, X, grid, names[mode], padding_mode, align_corners)
+
+
+@rule("AffineGrid", since=20, static=("size",))
+def affine_grid(cx, theta, size, *, align_corners=0):
+    """grid[n, ..., :] = theta[n] @ (x, y[, z], 1) over the normalized base grid of size (v20+)."""
+    size = cx.static_ints(size, "size")
+    nd = len(size) - 2
+    if nd not in (2, 3) or tuple(theta.shape[1:]) != (nd, nd + 1):
+        raise cx.fail(f"size must be (N, C, H, W) or (N, C, D, H, W) with theta (N, {nd}, {nd + 1}); "
+                      f"got size {size} and theta {theta.shape}")
+    if align_corners:
+        ticks = [np.linspace(-1.0, 1.0, n) for n in size[2:]]
+    else:
+        ticks = [(2.0 * np.arange(n) + 1) / n - 1 for n in size[2:]]
+    mesh = np.meshgrid(*ticks, indexing="ij")
+    base = np.stack([*mesh[::-1], np.ones_like(mesh[0])], axis=-1)  # (x, y[, z], 1)
+    return jnp.einsum("...k,njk->n...j", jnp.asarray(base, theta.dtype), theta,
+                      precision=lax.Precision.HIGHEST)
+
+
+# --- NonMaxSuppression ------------------------------------------------------------------------
+
+def _box_edges(boxes: np.ndarray, center_point_box: int) -> tuple[np.ndarray, ...]:
+    """(x_min, x_max, y_min, y_max) of every box, in the boxes' own float type."""
+    if center_point_box:  # [x_center, y_center, width, height]
+        xc, yc, w, h = (boxes[..., k] for k in range(4))
+        return xc - w / 2, xc + w / 2, yc - h / 2, yc + h / 2
+    y1, x1, y2, x2 = (boxes[..., k] for k in range(4))  # corners, in either order
+    return np.minimum(x1, x2), np.maximum(x1, x2), np.minimum(y1, y2), np.maximum(y1, y2)
+
+
+def _overlaps(edges: tuple[np.ndarray, ...], area: np.ndarray, a: np.ndarray, b: np.ndarray,
+              threshold: float) -> np.ndarray:
+    """(len(a), len(b)): IoU of box a[i] and box b[j] > threshold (degenerate boxes never are)."""
+    x0, x1, y0, y1 = (e[:, None] for e in edges)
+    ix0, ix1 = np.maximum(x0[a], x0[b].T), np.minimum(x1[a], x1[b].T)
+    iy0, iy1 = np.maximum(y0[a], y0[b].T), np.minimum(y1[a], y1[b].T)
+    inter = (ix1 - ix0) * (iy1 - iy0)
+    area_a, area_b = area[a][:, None], area[b][None, :]
+    union = area_a + area_b - inter
+    ok = (ix1 > ix0) & (iy1 > iy0) & (inter > 0) & (area_a > 0) & (area_b > 0) & (union > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return ok & (inter / np.where(ok, union, 1) > threshold)
+
+
+def _by_score(scores: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """Box indices by descending score, ties to the lower index (a stable sort)."""
+    return boxes[np.argsort(-scores[boxes], kind="stable")]
+
+
+def _select(edges, area, scores: np.ndarray, limit: int, iou: float, min_score: float | None) -> list[int]:
+    """Greedy NMS of one (batch, class): highest score first (ties to the lower box index); a box
+    is kept unless it overlaps a kept one. Only the best-scored prefix is sorted until more is
+    needed, and candidates go in chunks so work stops at the limit."""
+    candidates = np.arange(len(scores)) if min_score is None else np.flatnonzero(scores > min_score)
+    rest = None
+    if 0 < 4 * limit < len(candidates):  # every score tied with the cut stays in the prefix
+        cut = np.partition(scores[candidates], len(candidates) - 4 * limit)[len(candidates) - 4 * limit]
+        rest = candidates[scores[candidates] < cut]
+        candidates = candidates[scores[candidates] >= cut]
+    order = _by_score(scores, candidates)
+    keep: list[int] = []
+    pos = 0
+    while len(keep) < limit:
+        if pos == len(order):
+            if rest is None:
+                break
+            order, rest = np.concatenate([order, _by_score(scores, rest)]), None
+        chunk = order[pos:pos + int(np.clip(2 * (limit - len(keep)), 64, 1024))]
+        pos += len(chunk)
+        alive = np.ones(len(chunk), bool)
+        if keep:
+            alive &= ~_overlaps(edges, area, np.asarray(keep), chunk, iou).any(axis=0)
+        pairs = _overlaps(edges, area, chunk, chunk, iou)
+        for i in np.flatnonzero(alive):
+            if not alive[i]:
+                continue
+            keep.append(int(chunk[i]))
+            if len(keep) == limit:
+                break
+            alive &= ~pairs[i]
+    return keep
+
+
+def _first(value, default):
+    v = None if value is None else np.asarray(value).reshape(-1)
+    return default if v is None or v.size == 0 else v[0]
+
+
+@rule("NonMaxSuppression", since=10, static=("*",))
+def non_max_suppression(cx, boxes, scores, max_output_boxes_per_class=None, iou_threshold=None,
+                        score_threshold=None, *, center_point_box=0):
+    """Rows [batch, class, box] kept by greedy per-class NMS: IoU > iou_threshold with a kept,
+    higher-scoring box suppresses; scores must exceed score_threshold when given (v10+)."""
+    if center_point_box not in (0, 1):
+        raise cx.fail(f"center_point_box must be 0 or 1, got {center_point_box}")
+    if boxes.ndim != 3 or boxes.shape[2] != 4 or scores.ndim != 3 or scores.shape[::2] != boxes.shape[:2]:
+        raise cx.fail(f"boxes must be (batches, boxes, 4) and scores (batches, classes, boxes); "
+                      f"got {boxes.shape} and {scores.shape}")
+    limit = max(int(_first(max_output_boxes_per_class, 0)), 0)
+    iou = float(_first(iou_threshold, 0.0))
+    min_score = _first(score_threshold, None)
+    min_score = None if min_score is None else float(min_score)
+    rows = []
+    for b in range(boxes.shape[0]):
+        edges = _box_edges(np.asarray(boxes[b]), center_point_box)
+        area = (edges[1] - edges[0]) * (edges[3] - edges[2])
+        for c in range(scores.shape[1]):
+            rows += [(b, c, k) for k in _select(edges, area, np.asarray(scores[b, c]), limit, iou, min_score)]
+    return np.asarray(rows, np.int64).reshape(-1, 3)
