@@ -139,7 +139,7 @@ def conv_integer(cx, x, w, x_zero_point=None, w_zero_point=None, *, auto_pad="NO
 # --- ConvTranspose ------------------------------------------------------------------------------
 
 def _transpose_pads(cx, x, k, s, d, auto_pad, output_padding, output_shape, pads,
-                    odd_at_end) -> Pads:
+                    upper: bool) -> Pads:
     """Begin/end pads of the full transposed output; output_shape or SAME_* derive them."""
     n = len(k)
     sizes = x.shape[2:]
@@ -153,11 +153,15 @@ def _transpose_pads(cx, x, k, s, d, auto_pad, output_padding, output_shape, pads
         target = [int(v) for v in output_shape[-n:]]
     else:
         target = [i * si for i, si in zip(sizes, s)]
-    return [split_padding(f - t, odd_at_end(auto_pad)) for f, t in zip(full, target)]
+    # an output_shape with NOTSET splits like SAME_LOWER: the odd element at the beginning
+    return [split_padding(f - t, upper) for f, t in zip(full, target)]
 
 
-def _conv_transpose(cx, x, w, b, odd_at_end, *, auto_pad, dilations, group, kernel_shape,
-                    output_padding, output_shape, pads, strides):
+@rule("ConvTranspose", since=1)
+def conv_transpose(cx, x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1,
+                   kernel_shape=None, output_padding=None, output_shape=None, pads=None,
+                   strides=None):
+    """Y = the gradient of Conv w.r.t. its input, applied to X, plus B (v1+)."""
     n = _check_conv_shapes(cx, x, w, group, kernel_shape)
     c, k = x.shape[1], tuple(w.shape[2:])
     if w.shape[0] != c or c % group:
@@ -166,7 +170,10 @@ def _conv_transpose(cx, x, w, b, odd_at_end, *, auto_pad, dilations, group, kern
     s = spatial_ints(cx, "strides", strides, n, 1)
     d = spatial_ints(cx, "dilations", dilations, n, 1)
     op = spatial_ints(cx, "output_padding", output_padding, n, 0)
-    padding = _transpose_pads(cx, x, k, s, d, auto_pad, op, output_shape, pads, odd_at_end)
+    # v1-v10's text swaps SAME_UPPER/SAME_LOWER when it derives pads; onnxruntime and
+    # onnx.reference apply v11's rule (the odd element at the end for SAME_UPPER) to every version
+    padding = _transpose_pads(cx, x, k, s, d, auto_pad, op, output_shape, pads,
+                              auto_pad == "SAME_UPPER")
     # a transposed conv is a conv of the stride-dilated input with the flipped, I/O-swapped kernel
     m = w.shape[1] * group
     wt = w.reshape((group, c // group, m // group, *k)).swapaxes(1, 2).reshape((m, c // group, *k))
@@ -176,29 +183,6 @@ def _conv_transpose(cx, x, w, b, odd_at_end, *, auto_pad, dilations, group, kern
     y = lax.conv_general_dilated(x, wt, (1,) * n, conv_pads, lhs_dilation=s, rhs_dilation=d,
                                  dimension_numbers=_channels_first(n), feature_group_count=group)
     return _add_bias(y, b)
-
-
-@rule("ConvTranspose", since=11)
-def conv_transpose(cx, x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1,
-                   kernel_shape=None, output_padding=None, output_shape=None, pads=None,
-                   strides=None):
-    """Y = the gradient of Conv w.r.t. its input, applied to X (v11+: SAME_UPPER pads the end)."""
-    return _conv_transpose(cx, x, w, b, lambda a: a == "SAME_UPPER", auto_pad=auto_pad,
-                           dilations=dilations, group=group, kernel_shape=kernel_shape,
-                           output_padding=output_padding, output_shape=output_shape, pads=pads,
-                           strides=strides)
-
-
-@rule("ConvTranspose", since=1)
-def conv_transpose_v1(cx, x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1,
-                      kernel_shape=None, output_padding=None, output_shape=None, pads=None,
-                      strides=None):
-    """Y = the gradient of Conv w.r.t. its input, applied to X (v1-v10)."""
-    # v1-v10 put the odd element of a derived padding at the end unless auto_pad is SAME_UPPER
-    return _conv_transpose(cx, x, w, b, lambda a: a != "SAME_UPPER", auto_pad=auto_pad,
-                           dilations=dilations, group=group, kernel_shape=kernel_shape,
-                           output_padding=output_padding, output_shape=output_shape, pads=pads,
-                           strides=strides)
 
 
 # --- DeformConv ---------------------------------------------------------------------------------
