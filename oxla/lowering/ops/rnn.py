@@ -88,6 +88,9 @@ def _recur(cell: Cell, xw: Any, init: tuple, mask: Any, reverse: bool) -> tuple[
         return new, jnp.where(m_t, new[0], 0)
 
     final, y = lax.scan(step, init, (xw, mask), reverse=reverse)
+    if mask is not None:
+        # A sequence of length 0 ends in zero states, not its initial ones (as onnxruntime does).
+        final = tuple(jnp.where(mask.any(axis=0), s, 0) for s in final)
     return y, final
 
 
