@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from oxla.errors import LoweringError
+from tests.lowering.test_shape import check_folded
 from tests.lowering.util import check_node, node_model, run_oxla
 
 RNG = np.random.default_rng(0)
@@ -184,7 +185,6 @@ def test_depth_to_space(mode: str) -> None:
 
 
 def test_depth_to_space_v1_is_dcr() -> None:
-    check_node("DepthToSpace", {"x": D}, opset=1, blocksize=2, reference=False, ort=False)
     got_v1 = run_oxla(node_model("DepthToSpace", {"x": D}, opset=1, blocksize=2), {"x": D})[0]
     got_dcr = check_node("DepthToSpace", {"x": D}, blocksize=2, mode="DCR")[0]
     np.testing.assert_array_equal(got_v1, got_dcr)
@@ -222,3 +222,27 @@ def test_trilu(upper: int, k: int | None) -> None:
 def test_trilu_int_and_square() -> None:
     check_node("Trilu", {"x": np.arange(16, dtype=np.int64).reshape(4, 4), "k": np.array(1, np.int64)},
                upper=0)
+
+
+FOLDED = [
+    ("Slice", {"x": X, "starts": i64(-1, 0), "ends": i64(-INT_MAX, 3), "axes": i64(2, 1),
+               "steps": i64(-2, 2)}, {}, ("starts", "ends", "axes", "steps")),
+    ("Split", {"x": X, "split": i64(1, 3)}, {"axis": 2}, ("split",)),
+    ("Tile", {"x": X, "repeats": i64(2, 1, 2)}, {}, ("repeats",)),
+    ("Pad", {"x": P, "pads": i64(0, 0, 1, 2, 0, 0, 2, 1), "value": np.array(2.5, np.float32)},
+     {}, ("pads", "value")),
+    ("Pad", {"x": P, "pads": i64(0, 2, 1, 1), "value": None, "axes": i64(1, 3)}, {"mode": "reflect"},
+     ("pads", "axes")),
+    ("Trilu", {"x": T, "k": np.array(-1, np.int64)}, {"upper": 0}, ("k",)),
+    ("CenterCropPad", {"x": X, "shape": i64(5, 2)}, {"axes": (1, 2)}, ("shape",)),
+    ("Concat", {"x": X, "c": np.ones((2, 1, 4), np.float32)}, {"axis": 1}, ("c",)),
+]
+
+
+@pytest.mark.parametrize(("op", "inputs", "attrs", "constants"), FOLDED,
+                         ids=[f"{f[0]}-{i}" for i, f in enumerate(FOLDED)])
+def test_traced_data_with_constant_shapes(op: str, inputs: dict, attrs: dict,
+                                          constants: tuple[str, ...]) -> None:
+    """Data traced, shape-like inputs folded (float constants stay traced: Pad's value)."""
+    outs = ("a", "b") if op == "Split" else ("y",)
+    check_folded(op, inputs, set(constants), outs, **attrs)

@@ -11,7 +11,14 @@ from onnx import TensorProto, helper, numpy_helper
 import oxla
 from oxla.errors import LoweringError
 from oxla.lowering.ops.shape import STATIC_FILL_LIMIT
-from tests.lowering.util import check_node, node_model, run_oxla
+from tests.lowering.util import (
+    assert_close,
+    check_node,
+    node_model,
+    run_onnxruntime,
+    run_oxla,
+    run_reference,
+)
 
 RNG = np.random.default_rng(0)
 X = RNG.standard_normal((2, 3, 4)).astype(np.float32)
@@ -19,6 +26,26 @@ X = RNG.standard_normal((2, 3, 4)).astype(np.float32)
 
 def i64(*v: int) -> np.ndarray:
     return np.array(v, np.int64)
+
+
+def check_folded(op: str, inputs: dict[str, np.ndarray | None], constants: set[str],
+                 outputs: tuple[str, ...] = ("y",), *, ort: bool = True, **attrs: object) -> list:
+    """check_node with the named inputs as initializers: their values fold at trace time, the
+    rest is traced, and the whole node compiles into one XLA computation (no host step)."""
+    model = node_model(op, inputs, outputs, **attrs)
+    graph = model.graph
+    inputs_left = [i for i in graph.input if i.name not in constants]
+    del graph.input[:]
+    graph.input.extend(inputs_left)
+    graph.initializer.extend(numpy_helper.from_array(inputs[n], n) for n in constants)
+    feeds = {n: v for n, v in inputs.items() if n not in constants and v is not None}
+    compiled = oxla.compile(model)
+    got = [np.asarray(v) for v in compiled(feeds).values()]
+    assert compiled.stats.host_steps == 0, compiled.stats.host_nodes
+    assert_close(got, run_reference(model, feeds))
+    if ort:
+        assert_close(got, run_onnxruntime(model, feeds))
+    return got
 
 
 @pytest.mark.parametrize("attrs", [
@@ -229,3 +256,17 @@ def test_shape_feeds_reshape_statically() -> None:
     compiled = oxla.compile(model)
     out = compiled({"x": X, "y": np.arange(12, dtype=np.float32)})
     assert np.asarray(out["z"]).shape == (3, 4) and compiled.stats.host_steps == 0
+
+
+FOLDED = [
+    ("Reshape", {"x": X, "shape": i64(0, -1)}, {}),
+    ("Squeeze", {"x": Y, "axes": i64(-2)}, {}),
+    ("Unsqueeze", {"x": X, "axes": i64(3, 0)}, {}),
+    ("Expand", {"x": X[:1], "shape": i64(3, 1, 1, 1)}, {}),
+    ("Flatten", {"x": X}, {"axis": -1}),
+]
+
+
+@pytest.mark.parametrize(("op", "inputs", "attrs"), FOLDED, ids=[f[0] for f in FOLDED])
+def test_traced_data_with_constant_shapes(op: str, inputs: dict, attrs: dict) -> None:
+    check_folded(op, inputs, set(inputs) - {"x"}, **attrs)
