@@ -215,3 +215,8 @@ def test_reverse_sequence_axes_must_be_0_and_1() -> None:
     with pytest.raises(LoweringError, match="must be 0 and 1 in some order, got 2 and 0"):
         check_node("ReverseSequence", {"x": X, "lens": _i(1, 2)}, batch_axis=2, reference=False,
                    ort=False)
+
+
+def test_one_hot_depth_must_be_positive() -> None:
+    with pytest.raises(LoweringError, match="depth must be positive, got 0"):
+        check_node("OneHot", {"i": _i(0), "d": np.array(0, I64), "v": _i(0, 1)}, reference=False, ort=False)

@@ -142,7 +142,9 @@ def tensor_scatter(cx, past_cache, update, write_indices=None, *, axis=-2, mode=
 @rule("OneHot", since=9, static=("depth",))
 def one_hot(cx, indices, depth, values, *, axis=-1):
     """out[..., d, ...] = values[1] where indices == d (negative counted from depth) else values[0] (v9+)."""
-    n = int(np.asarray(depth).reshape(-1)[0])
+    n = int(np.asarray(depth).reshape(-1)[0])  # depth may be a float, or a 1-element vector
+    if n < 1:
+        raise cx.fail(f"depth must be positive, got {n}")
     rank = len(indices.shape) + 1
     ax = _axis(cx, axis, rank)
     idx = jnp.expand_dims(indices.astype(jnp.int64), ax)  # float indices truncate, as the reference does

@@ -67,8 +67,10 @@ def einsum(cx, *inputs, equation=None):
     """Einstein summation over the operands as the equation says (spaces ignored) (v12+)."""
     if equation is None:
         raise cx.fail("attribute equation is required")
+    if not inputs:
+        raise cx.fail("Einsum needs at least one input")
     out = jnp.einsum(equation.replace(" ", ""), *inputs, precision=HIGHEST)
-    return out.astype(inputs[0].dtype) if inputs else out
+    return out.astype(inputs[0].dtype)  # the output has the operands' type T
 
 
 @rule("Det", since=11)
