@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from oxla import training
 from oxla.compile import CompiledModel, compile  # noqa: A004
 from oxla.errors import (
     InputError,
@@ -15,6 +16,7 @@ from oxla.errors import (
 )
 from oxla.load import load_model
 from oxla.session import InferenceSession, NodeArg
+from oxla.training import TrainingSession
 
 __all__ = [
     "CompiledModel",
@@ -27,8 +29,10 @@ __all__ = [
     "OxlaError",
     "ShapeError",
     "TrainingError",
+    "TrainingSession",
     "UnsupportedOpError",
     "compile",
     "load_model",
+    "training",
 ]
 __version__ = "0.1.0"
