@@ -15,13 +15,17 @@ from tests.lowering.util import assert_close, run_onnxruntime, run_reference
 HEADER = '<ir_version: 8, opset_import: ["" : {opset}]>\n'
 
 
-def check(text: str, feeds: dict[str, Any], *, host_steps: int, opset: int = 17,
+def parse(text: str, opset: int = 17) -> onnx.ModelProto:
+    return onnx.parser.parse_model(HEADER.format(opset=opset) + text)
+
+
+def check(text: str | onnx.ModelProto, feeds: dict[str, Any], *, host_steps: int, opset: int = 17,
           reference: bool = False, ort: bool = True) -> list[Any]:
-    """Run with oxla and onnxruntime; also check how many nodes ran on the host.
+    """Run a model (or its text) with oxla and onnxruntime; check how many nodes ran on the host.
 
     onnx.reference is off by default: its Loop never iterates when the cond input is left out.
     """
-    model = onnx.parser.parse_model(HEADER.format(opset=opset) + text)
+    model = parse(text, opset) if isinstance(text, str) else text
     onnx.checker.check_model(model)
     compiled = oxla.compile(model)
     result = compiled(feeds)
