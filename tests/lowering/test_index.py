@@ -220,3 +220,16 @@ def test_reverse_sequence_axes_must_be_0_and_1() -> None:
 def test_one_hot_depth_must_be_positive() -> None:
     with pytest.raises(LoweringError, match="depth must be positive, got 0"):
         check_node("OneHot", {"i": _i(0), "d": np.array(0, I64), "v": _i(0, 1)}, reference=False, ort=False)
+
+
+def test_non_zero_breaks_the_graph_between_traced_nodes() -> None:
+    # Abs runs compiled, NonZero on the host (its shape depends on data), ReduceSum compiled again
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, (2, 3))
+    graph = helper.make_graph(
+        [helper.make_node("Abs", ["x"], ["a"]), helper.make_node("NonZero", ["a"], ["nz"]),
+         helper.make_node("ReduceSum", ["nz"], ["y"], keepdims=0)],
+        "g", [x], [helper.make_empty_tensor_value_info("y")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    data = np.array([[0, -1, 2], [3, 0, 0]], np.float32)
+    (got,) = run_oxla(model, {"x": data})
+    assert got.tolist() == int(np.stack(np.nonzero(data)).sum())
