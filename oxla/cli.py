@@ -40,6 +40,10 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument("model", help="path to a .onnx file")
     info.add_argument("--run", action="store_true",
                       help="also run it once on random inputs and report graph breaks")
+
+    from oxla.training.cli import add_train_parser
+
+    add_train_parser(sub)
     return p
 
 
@@ -50,6 +54,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_run(args)
         if args.command == "info":
             return cmd_info(args)
+        if args.command == "train":
+            from oxla.training.cli import cmd_train
+
+            return cmd_train(args)
     except OxlaError as e:
         print(f"oxla: error: {e}", file=sys.stderr)
         return EXIT_ERROR

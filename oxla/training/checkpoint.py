@@ -32,6 +32,16 @@ def _fsync_dir(folder: Path) -> None:
             os.close(fd)
 
 
+def _file_mode(target: Path) -> int:
+    """The mode a plain open() would give (mkstemp makes 0600 files), or the target's own."""
+    try:
+        return target.stat().st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def atomic_write(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write `data` to `path` through a temp file in the same folder, fsync, then rename.
 
@@ -50,6 +60,7 @@ def atomic_write(path: str | os.PathLike[str], data: bytes) -> Path:
     except OSError as e:
         raise TrainingError(f"cannot write '{target}': {e.strerror}") from None
     try:
+        os.fchmod(fd, _file_mode(target))
         with os.fdopen(fd, "wb") as f:
             _write_all(f, data)
             f.flush()

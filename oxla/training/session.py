@@ -15,7 +15,7 @@ from oxla.dtypes import to_numpy_dtype, type_name
 from oxla.errors import InputError, NotStaticError, TrainingError
 from oxla.load import ModelSource, load_model
 from oxla.lowering.interpreter import initializer_values
-from oxla.training.bindings import Stage, combined_model, parse_training, standalone_model
+from oxla.training.bindings import Binding, Stage, combined_model, parse_training, standalone_model
 from oxla.training.checkpoint import save_model
 from oxla.training.make import strip_training
 from oxla.training.parallel import Placement, placement
@@ -134,6 +134,10 @@ class TrainingSession:
 
     def output_names(self, algorithm: int = 0) -> list[str]:
         return [o.name for o in self._stage(algorithm).algorithm.output]
+
+    def bindings(self, algorithm: int = 0) -> tuple[Binding, ...]:
+        """The update_binding of `algorithm`: which output each variable takes after a step."""
+        return self._stage(algorithm).updates
 
     @property
     def inference_inputs(self) -> list[str]:

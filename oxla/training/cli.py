@@ -1,0 +1,260 @@
+"""`oxla train`: train a model from its TrainingInfoProto (or one made on the fly) on a .npz file."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from oxla.errors import InputError, TrainingError
+
+EPILOG = """\
+The .npz holds x_train and y_train (x and y also work), and optionally x_test and y_test for the
+per-epoch evaluation; x feeds the model's input and y the training step's labels input. A model
+without training_info is made trainable first (--optimizer, --loss, --lr). A checkpoint (the
+model with its current state and training_info, written atomically) is saved after every epoch;
+--resume CHECKPOINT continues from the epoch it records, with the same shuffling.
+"""
+
+META_EPOCH = "oxla.training.epoch"
+META_SEED = "oxla.training.seed"
+
+
+def add_train_parser(sub: Any) -> argparse.ArgumentParser:
+    """Register the `train` subcommand on an argparse subparsers object."""
+    p = sub.add_parser("train", help="train a model from its training_info on a .npz data set",
+                       description=__doc__, epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help="a .onnx model (with training_info, or an inference model)")
+    p.add_argument("--data", required=True, metavar="FILE.npz", help="training (and test) arrays")
+    p.add_argument("--epochs", type=int, default=10, help="passes over the data (default 10)")
+    p.add_argument("--batch-size", type=int, default=32, help="samples per step (default 32; "
+                   "the last partial batch of an epoch is dropped so every step has one shape)")
+    p.add_argument("--lr", type=float, help="learning rate (sets the model's learning-rate initializer)")
+    p.add_argument("--optimizer", choices=["adam", "momentum", "nesterov", "adagrad", "sgd"],
+                   help="for a model without training_info (default adam)")
+    p.add_argument("--loss", choices=["cross_entropy", "mse"],
+                   help="for a model without training_info (default: cross_entropy for integer "
+                        "labels, else mse)")
+    p.add_argument("--out", type=Path, help="where to write the trained model, training_info "
+                   "kept (default MODEL.trained.onnx)")
+    p.add_argument("--export", type=Path, metavar="FILE", help="also write the inference model "
+                   "(training_info stripped)")
+    p.add_argument("--checkpoint", type=Path, help="per-epoch checkpoint (default OUT.ckpt.onnx)")
+    p.add_argument("--resume", type=Path, metavar="CHECKPOINT", help="continue from a checkpoint")
+    p.add_argument("--seed", type=int, default=0, help="shuffling seed (default 0)")
+    p.add_argument("--devices", type=int, help="shard each batch over N local devices")
+    p.add_argument("--plot", type=Path, metavar="FILE.png", help="draw the loss curve; needs "
+                   "matplotlib, which is not an oxla dependency (pip install matplotlib)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+@dataclass
+class _Data:
+    x: np.ndarray
+    y: np.ndarray
+    x_test: np.ndarray | None
+    y_test: np.ndarray | None
+
+
+def load_data(path: Path) -> _Data:
+    """x_train/y_train (or x/y) and the optional x_test/y_test of a .npz file."""
+    try:
+        arrays = dict(np.load(path))
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot read data file '{path}': {e}") from None
+    x = arrays.get("x_train", arrays.get("x"))
+    y = arrays.get("y_train", arrays.get("y"))
+    if x is None or y is None:
+        raise InputError(f"'{path}' must hold x_train and y_train (or x and y); it has {sorted(arrays)}")
+    if len(x) != len(y):
+        raise InputError(f"'{path}': x has {len(x)} samples but y has {len(y)}")
+    return _Data(x, y, arrays.get("x_test"), arrays.get("y_test"))
+
+
+def _set_initializer(model: Any, name: str, value: float) -> None:
+    from onnx import numpy_helper
+
+    for graph in [model.graph, *[info.algorithm for info in model.training_info]]:
+        for t in graph.initializer:
+            if t.name == name:
+                old = numpy_helper.to_array(t)
+                t.CopyFrom(numpy_helper.from_array(np.full(old.shape, value, old.dtype), name))
+                return
+    raise TrainingError(f"--lr: the model has no learning-rate initializer '{name}'")
+
+
+def _prepare_model(args: argparse.Namespace, data: _Data) -> Any:
+    """The training model: the file itself, or made trainable with the requested recipe."""
+    from oxla.load import load_model
+    from oxla.training.make import META, make_trainable
+
+    model = load_model(args.resume or args.model)
+    if not model.training_info:
+        loss = args.loss or ("cross_entropy" if data.y.dtype.kind in "iu" else "mse")
+        model = make_trainable(model, loss, args.optimizer or "adam", lr=args.lr)
+    elif args.optimizer or args.loss:
+        raise TrainingError("the model already has a training recipe (training_info); --optimizer "
+                            "and --loss apply to models without one")
+    elif args.lr is not None:
+        name = {p.key: p.value for p in model.metadata_props}.get(META + "learning_rate")
+        if name is None:
+            raise TrainingError("--lr: the model's training_info does not say which initializer is "
+                                "the learning rate (no oxla.training.learning_rate metadata)")
+        _set_initializer(model, name, args.lr)
+    return model
+
+
+@dataclass
+class _Feeds:
+    """Which step inputs the x and y arrays feed, and which output to evaluate."""
+
+    x: str
+    y: str
+    output: str
+
+
+def _feed_names(session: Any) -> _Feeds:
+    from oxla.training.make import META
+
+    inference = session.inference_inputs
+    extra = [n for n in session.input_names() if n not in inference]
+    if len(inference) != 1 or len(extra) != 1:
+        raise TrainingError(f"oxla train feeds one model input and one labels input; this step "
+                            f"takes {session.input_names()} (use TrainingSession from Python)")
+    output = session.metadata.get(META + "output", session.inference_outputs[0])
+    return _Feeds(inference[0], extra[0], output)
+
+
+@dataclass
+class _Progress:
+    """A one-line progress bar on stderr: steps, loss, samples per second."""
+
+    total: int
+    epoch: str
+    out: TextIO = field(default_factory=lambda: sys.stderr)
+    quiet: bool = False
+    start: float = field(default_factory=time.perf_counter)
+    shown: float = 0.0
+
+    def update(self, done: int, samples: int, loss: Any, final: bool = False) -> None:
+        now = time.perf_counter()
+        if self.quiet or (not final and now - self.shown < 0.2):
+            return
+        self.shown = now
+        width = 24
+        filled = int(width * done / max(self.total, 1))
+        rate = samples / max(now - self.start, 1e-9)
+        self.out.write(f"\r{self.epoch} [{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} "
+                       f"loss {float(loss):.4f} {rate:,.0f} samples/s")
+        if final:
+            self.out.write("\n")
+        self.out.flush()
+
+
+def _epoch(session: Any, data: _Data, feeds: _Feeds, order: np.ndarray, batch: int,
+           progress: _Progress) -> tuple[float, float]:
+    """One pass over `order`; returns (mean loss, samples per second)."""
+    steps = len(order) // batch
+    loss_name = _loss_name(session)
+    losses = []
+    start = time.perf_counter()
+    for i in range(steps):
+        idx = order[i * batch:(i + 1) * batch]
+        out = session.step_async({feeds.x: data.x[idx], feeds.y: data.y[idx]}, outputs=[loss_name])
+        losses.append(out[loss_name])
+        progress.update(i + 1, (i + 1) * batch, losses[-1], final=i == steps - 1)
+    mean = float(np.mean([float(v) for v in losses]))
+    return mean, steps * batch / max(time.perf_counter() - start, 1e-9)
+
+
+def _loss_name(session: Any) -> str:
+    """The first algorithm output that is not an update (make_trainable puts the loss first)."""
+    bound = {b.value for b in session.bindings()}
+    names = session.output_names()
+    return next((n for n in names if n not in bound), names[0])
+
+
+def _evaluate(session: Any, data: _Data, feeds: _Feeds) -> str:
+    if data.x_test is None or data.y_test is None:
+        return "no test set"
+    (pred,) = session.run([feeds.output], {feeds.x: data.x_test})
+    if data.y_test.dtype.kind in "iu" and pred.ndim >= 2:
+        return f"test accuracy {float(np.mean(pred.argmax(1) == data.y_test)) * 100:.2f}%"
+    return f"test mse {float(np.mean((pred - data.y_test) ** 2)):.5g}"
+
+
+def _plot(path: Path, losses: Sequence[float]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(range(1, len(losses) + 1), losses, marker="o")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("mean training loss")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        raise InputError("--plot needs matplotlib, which is not installed (it is not an oxla "
+                         "dependency): pip install matplotlib")
+    if args.epochs < 0 or args.batch_size < 1:
+        raise InputError("--epochs must be >= 0 and --batch-size >= 1")
+    for option in ("out", "export", "checkpoint", "plot"):
+        path = getattr(args, option)
+        if path is not None and not path.resolve().parent.is_dir():
+            raise InputError(f"--{option} {path}: folder '{path.resolve().parent}' does not exist")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Run `oxla train`; returns the exit status."""
+    from oxla.training.session import TrainingSession
+
+    _check_args(args)
+    data = load_data(args.data)
+    model = _prepare_model(args, data)
+    session = TrainingSession(model, devices=args.devices)
+    meta = session.metadata
+    first = int(meta.get(META_EPOCH, "0")) if args.resume else 0
+    if not args.resume:
+        session.initialize()
+    elif int(meta.get(META_SEED, args.seed)) != args.seed:
+        print(f"oxla train: note: the checkpoint was shuffled with seed {meta[META_SEED]}, "
+              f"continuing with --seed {args.seed}", file=sys.stderr)
+    out = args.out or Path(args.model).with_suffix(".trained.onnx")
+    checkpoint = args.checkpoint or out.with_suffix(".ckpt.onnx")
+    feeds = _feed_names(session)
+    if len(data.x) < args.batch_size:
+        raise InputError(f"--batch-size {args.batch_size} is larger than the data ({len(data.x)} samples)")
+    losses = []
+    for epoch in range(first, args.epochs):
+        order = np.random.default_rng([args.seed, epoch]).permutation(len(data.x))
+        progress = _Progress(len(order) // args.batch_size, f"epoch {epoch + 1}/{args.epochs}",
+                             quiet=args.quiet)
+        loss, rate = _epoch(session, data, feeds, order, args.batch_size, progress)
+        losses.append(loss)
+        print(f"epoch {epoch + 1}/{args.epochs}: mean loss {loss:.4f}, "
+              f"{_evaluate(session, data, feeds)}, {rate:,.0f} samples/s", flush=True)
+        session.save(checkpoint, {META_EPOCH: str(epoch + 1), META_SEED: str(args.seed)})
+    session.save(out, {META_EPOCH: str(args.epochs), META_SEED: str(args.seed)})
+    print(f"wrote {out} (checkpoints: {checkpoint})")
+    if args.export:
+        session.export_inference(args.export)
+        print(f"wrote {args.export} (inference model)")
+    if args.plot:
+        _plot(args.plot, losses)
+        print(f"wrote {args.plot}")
+    return 0
