@@ -36,12 +36,13 @@ def _coerced_2d(x, axis: int, f):
     return f(x2, 1).reshape(shape)
 
 
+# Computed in X's type, as the schema's function body (Exp, ReduceSum, Div in T) is.
 def _softmax(x, axis):
-    return jax.nn.softmax(x.astype(accum_dtype(x.dtype)), axis=axis).astype(x.dtype)
+    return jax.nn.softmax(x, axis=axis)
 
 
 def _log_softmax(x, axis):
-    return jax.nn.log_softmax(x.astype(accum_dtype(x.dtype)), axis=axis).astype(x.dtype)
+    return jax.nn.log_softmax(x, axis=axis)
 
 
 def _hardmax(x, axis):
