@@ -206,3 +206,43 @@ def test_one_hot_encoder_zeros0_rejects_unknown_values() -> None:
         run_oxla(model, {"x": x})
     ok = np.array([2, 1], np.int64)
     assert run_oxla(model, {"x": ok})[0].tolist() == [[0.0, 1.0], [1.0, 0.0]]
+
+
+# --- linear models ---------------------------------------------------------------------------------
+
+COEF3 = RNG.standard_normal(12).round(2).tolist()
+
+
+@pytest.mark.parametrize("post", ["NONE", "LOGISTIC", "SOFTMAX", "SOFTMAX_ZERO"])
+@pytest.mark.parametrize("labels", [{"classlabels_ints": [7, 8, 9]},
+                                    {"classlabels_strings": ["a", "b", "c"]}], ids=["ints", "strings"])
+def test_linear_classifier_multiclass(post: str, labels: dict[str, Any]) -> None:
+    check("LinearClassifier", {"x": X}, ("y", "z"), coefficients=COEF3,
+          intercepts=[0.1, -0.2, 0.3], post_transform=post, **labels)
+
+
+@pytest.mark.parametrize("post", ["NONE", "LOGISTIC"])
+def test_linear_classifier_binary_one_row(post: str) -> None:
+    # onnxruntime: label by score > 0, scores [1 - s, s] (onnx.reference: [-s, s], transformed)
+    got = check("LinearClassifier", {"x": X}, ("y", "z"), reference=False,
+                coefficients=COEF3[:4], intercepts=[0.05], classlabels_ints=[3, 4],
+                post_transform=post)
+    assert set(got[0].tolist()) <= {3, 4} and got[1].shape == (5, 2)
+
+
+def test_linear_classifier_double_and_vector_input() -> None:
+    check("LinearClassifier", {"x": X[0].astype(np.float64)}, ("y", "z"), reference=False,
+          coefficients=COEF3, intercepts=[0.1, -0.2, 0.3], classlabels_ints=[0, 1, 2])
+
+
+@pytest.mark.parametrize("targets,post", [(1, "NONE"), (3, "NONE"), (3, "SOFTMAX")])
+def test_linear_regressor(targets: int, post: str) -> None:
+    # onnx.reference implements post_transform NONE only
+    check("LinearRegressor", {"x": X}, reference=post == "NONE", coefficients=COEF3[:4 * targets],
+          intercepts=[0.5] * targets, targets=targets, post_transform=post)
+
+
+def test_linear_regressor_rejects_bad_coefficients() -> None:
+    model = node_model("LinearRegressor", {"x": X}, domain=ML, opset=1, coefficients=[1.0, 2.0])
+    with pytest.raises(LoweringError, match=r"coefficients must hold 1 x 4 = 4 values"):
+        run_oxla(model, {"x": X})

@@ -45,21 +45,21 @@ def transform_scores(cx, scores: Any, post_transform: str, add_second_class: int
     """Post-transform [N, K] scores; a single score column may grow a second (binary models).
 
     add_second_class (onnxruntime's convention): -1 keep one column; 0 or 1 [1 - s, s];
-    2 or 3 [-s, s], or [logistic(-s), logistic(s)] under LOGISTIC.
+    2 or 3 [-s, s]; under LOGISTIC both give [logistic(-s), logistic(s)].
     """
     if post_transform not in TRANSFORMS:
         raise cx.fail(f"post_transform must be one of {', '.join(TRANSFORMS)}, got {post_transform!r}")
-    if scores.shape[-1] == 1:
+    if scores.shape[-1] == 1 and add_second_class >= 0:
         s = scores[..., 0]
-        if post_transform == "PROBIT":
-            return probit(scores)
+        if post_transform == "PROBIT":  # onnxruntime leaves the second column unwritten
+            return jnp.stack([probit(s), jnp.zeros_like(s)], axis=-1)
+        if post_transform == "LOGISTIC":
+            return jnp.stack([jax.nn.sigmoid(-s), jax.nn.sigmoid(s)], axis=-1)
         if add_second_class in (0, 1):
             return jnp.stack([1 - s, s], axis=-1)
-        if add_second_class in (2, 3):
-            if post_transform == "LOGISTIC":
-                return jnp.stack([jax.nn.sigmoid(-s), jax.nn.sigmoid(s)], axis=-1)
-            return jnp.stack([-s, s], axis=-1)
-        return scores
+        return jnp.stack([-s, s], axis=-1)
+    if scores.shape[-1] == 1:
+        return probit(scores) if post_transform == "PROBIT" else scores
     if post_transform == "LOGISTIC":
         return jax.nn.sigmoid(scores)
     if post_transform == "SOFTMAX":
