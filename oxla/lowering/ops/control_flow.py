@@ -29,7 +29,7 @@ TRUE = np.array(True)
 
 
 class _NoLax(Exception):
-    """The loop cannot be one lax loop (its carried values change shape or type)."""
+    """The loop cannot be one lax loop; the message says why."""
 
 
 # --- helpers shared by If, Loop and Scan ----------------------------------------------------------
@@ -123,7 +123,7 @@ def loop(cx, M=None, cond=None, *v_initial, body=None):
         if M is None or not cx.is_static(M) or int(np.reshape(M, ())) > UNROLL_LIMIT:
             if isinstance(e, NeedStatic):
                 raise
-            _to_host(cx, "M (the loop-carried values change shape)", M)
+            _to_host(cx, f"M ({e})", M)
     # Unrolled with a static iteration number, the body can use it as a shape or index.
     return _unrolled(cx, step, M, cond, v, n_scan)
 
@@ -156,8 +156,10 @@ def _lax_loop(cx, step: Step, M: Value, cond: Value, v: list[Value], n_scan: int
         return v_out, s
 
     v_out, scans = jax.eval_shape(probe, jax.ShapeDtypeStruct((), np.int64), v)
-    if _avals(v_out) != _avals(v) or seen["cond"] is False:
-        raise _NoLax
+    if _avals(v_out) != _avals(v):
+        raise _NoLax("the loop-carried values change shape or type")
+    if seen["cond"] is False:
+        raise _NoLax("the body always ends the loop after one iteration")
     early_exit = seen["cond"] is None
     if cond is not None and is_static(cond) and not _truth(cx, cond, "cond"):
         return (*v, *_empty_scans(scans))
@@ -252,7 +254,7 @@ def _scan_core(cx, body: GraphProto, state: list[Value], xs: list[Value]) -> tup
             if length > UNROLL_LIMIT:
                 if isinstance(e, NeedStatic):
                     raise
-                _to_host(cx, "the scan state (it changes shape between iterations)")
+                _to_host(cx, f"the scan ({e})")
     return _scan_unrolled(step, state, xs, length)
 
 
@@ -263,7 +265,7 @@ def _slice_specs(xs: list[Value]) -> list[jax.ShapeDtypeStruct]:
 def _scan_lax(step: ScanStep, state: list[Value], xs: list[Value]) -> tuple[list, list]:
     state_out, _ = jax.eval_shape(step, state, _slice_specs(xs))
     if _avals(state_out) != _avals(state):
-        raise _NoLax
+        raise _NoLax("the scan state changes shape or type")
     state, ys = lax.scan(step, state, xs)
     return list(state), list(ys)
 
