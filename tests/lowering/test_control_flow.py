@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import numpy as np
 import onnx
 import onnx.parser
@@ -288,3 +289,29 @@ def test_scan_with_growing_state_is_unrolled() -> None:
     s, _ = check(text, {"s0": np.ones(1, np.float32), "x": x}, host_steps=0, reference=True,
                   ort=False)
     assert s.tolist() == [1.0, 0.0, 1.0, 2.0]
+
+
+def test_if_inside_a_lax_loop_body() -> None:
+    # The iteration number is traced inside lax.scan, so the If becomes a lax.cond in the body.
+    text = """
+    g (float[2] x) => (float[2] y, float[5, 2] s) {
+      m = Constant <value = int64 {5}> ()
+      y, s = Loop (m, "", x) <body = b (int64 i, bool c, float[2] a) => (bool co, float[2] a2, float[2] sc) {
+         co = Identity(c)
+         two = Constant <value = int64 {2}> ()
+         zero = Constant <value = int64 {0}> ()
+         r = Mod(i, two)
+         even = Equal(r, zero)
+         a2 = If (even) <then_branch = t () => (float[2] o) { o = Add(a, x) },
+                         else_branch = e () => (float[2] o) { o = Neg(a) }>
+         sc = Identity(a2)
+      }>
+    }"""
+    check(text, {"x": np.array([1.0, -2.0], np.float32)}, host_steps=0)
+
+
+def test_data_dependent_scan_outputs_cannot_be_one_pure_function() -> None:
+    compiled = oxla.compile(parse(LOOP_SCAN.format(inputs="float[2] x, int64 m", m_def="")))
+    feeds = {"x": np.array([1, 2], np.float32), "m": np.array(3)}
+    with pytest.raises(oxla.NotStaticError, match=r"M \(the trip count decides the scan outputs"):
+        jax.jit(compiled.fn)(compiled.params, feeds)
