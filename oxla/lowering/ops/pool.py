@@ -35,6 +35,8 @@ class Window:
         return [(0, 0), (0, 0)] + [(lo, hi + e) for (lo, hi), e in zip(self.pads, self.extra)]
 
     def reduce(self, x, init, op):
+        if 0 in self.out:
+            return jnp.zeros(x.shape[:2] + self.out, x.dtype)
         return lax.reduce_window(x, jnp.asarray(init, x.dtype), op, (1, 1, *self.kernel),
                                  (1, 1, *self.strides), self.padding(),
                                  window_dilation=(1, 1, *self.dilations))
@@ -62,15 +64,12 @@ def window(cx, x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode=0)
     for size, ki, si, di, (lo, hi) in zip(sizes, k, s, d, padding):
         span = (ki - 1) * di + 1
         room = size + lo + hi - span
-        if room < 0:
-            raise cx.fail(f"the window {span} is larger than the padded input {size + lo + hi} "
-                          f"(kernel_shape {list(k)}, dilations {list(d)}, pads {padding})")
         o = room // si + 1
         if ceil_mode and auto_pad not in SAME:
             o = -(-room // si) + 1
             if (o - 1) * si >= size + lo:  # a last window starting in the end padding is dropped
                 o -= 1
-        out.append(o)
+        out.append(max(o, 0))  # a window larger than the padded input leaves no output
         extra.append(max((o - 1) * si + span - (size + lo + hi), 0))
     return Window(sizes, k, s, d, tuple(padding), tuple(extra), tuple(out))
 
@@ -122,6 +121,8 @@ def max_pool(cx, x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_sh
     storage_order; v10+: ceil_mode, dilations; v12+: int8/uint8)."""
     win = window(cx, x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     if cx.output_used(1):
+        if 0 in win.out:
+            return win.reduce(x, 0, lax.max), jnp.zeros(x.shape[:2] + win.out, jnp.int64)
         return _max_with_indices(x, win, storage_order)
     return win.reduce(x, _lowest(x.dtype), lax.max)
 
