@@ -15,8 +15,9 @@ from oxla.lowering.registry import rule
 from oxla.lowering.values import is_static
 
 # ConstantOfShape results up to this many elements stay static (numpy) so shape arithmetic folds;
-# larger ones (weights in some models) are built by XLA as a broadcast, not baked as constants.
-STATIC_FILL_LIMIT = 1 << 16
+# larger ones (weights in some models) are built by XLA as a broadcast instead of being baked into
+# the program as constants (slow compiles; the same limit as LargeConstantToInitializerPass).
+STATIC_FILL_LIMIT = 1024
 
 
 def xp(*values):
