@@ -167,13 +167,13 @@ def _pad(cx, data, pads: Sequence[int], mode: str, value, axes: Sequence[int] | 
         raise cx.fail(f"pads {tuple(pads)} must hold 2 values per padded axis ({len(axes)} axes)")
     if mode not in PAD_MODES:
         raise cx.fail(f"mode must be one of {', '.join(PAD_MODES)}, got '{mode}'")
-    widths = [[0, 0] for _ in range(rank)]
+    given = [(0, 0)] * rank
     for i, a in enumerate(axes):
-        widths[a] = [pads[i], pads[len(axes) + i]]
+        given[a] = (pads[i], pads[len(axes) + i])
     # negative pads remove elements: crop first, then pad by the positive amounts
-    crop = tuple(slice(max(-b, 0), d - max(-e, 0)) for (b, e), d in zip(widths, data.shape))
+    crop = tuple(slice(max(-b, 0), d - max(-e, 0)) for (b, e), d in zip(given, data.shape))
     data = data[crop]
-    widths = [(max(b, 0), max(e, 0)) for b, e in widths]
+    widths = [(max(b, 0), max(e, 0)) for b, e in given]
     if mode != "constant":
         if any(w != (0, 0) and d == 0 for w, d in zip(widths, data.shape)):
             raise cx.fail(f"mode '{mode}' cannot pad an empty axis of shape {tuple(data.shape)}")

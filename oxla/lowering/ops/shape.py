@@ -216,11 +216,11 @@ def _arange(cx, start, limit, delta, compute: np.dtype) -> np.ndarray:
             raise cx.fail("delta must not be 0")
         n = max(-((s - lim) // d), 0)  # ceil((limit - start) / delta), exact for integers
         return (s + np.arange(n, dtype=np.int64) * d).astype(compute)
-    s, lim, d = (v.reshape(()).astype(compute) for v in scalars)
-    if d == 0:
+    fs, flim, fd = (v.reshape(()).astype(compute) for v in scalars)
+    if fd == 0:
         raise cx.fail("delta must not be 0")
-    n = max(math.ceil(float((lim - s) / d)), 0)
-    return s + np.arange(n, dtype=compute) * d
+    n = max(math.ceil(float((flim - fs) / fd)), 0)
+    return fs + np.arange(n, dtype=compute) * fd
 
 
 _LOW_FLOATS = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
