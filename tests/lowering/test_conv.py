@@ -1,4 +1,4 @@
-"""Conv, ConvTranspose, ConvInteger, DeformConv and Col2Im against onnx.reference and onnxruntime."""
+"""Conv, ConvTranspose, ConvInteger, DeformConv, Col2Im against onnx.reference and onnxruntime."""
 
 from __future__ import annotations
 
@@ -77,9 +77,11 @@ def test_conv_transpose(case: str) -> None:
 def test_conv_transpose_against_onnxruntime(case: str) -> None:
     # onnx.reference mixes up the groups' weights and fails when output_shape crops the output
     if case == "group-dilations":
-        inputs, attrs = {"x": XT, "w": rand(4, 2, 2, 3), "b": rand(4)}, {"group": 2, "dilations": [2, 1]}
+        inputs = {"x": XT, "w": rand(4, 2, 2, 3), "b": rand(4)}
+        attrs: dict = {"group": 2, "dilations": [2, 1]}
     else:
-        inputs, attrs = {"x": XT, "w": rand(4, 2, 3, 3)}, {"strides": [3, 2], "output_shape": [10, 8]}
+        inputs = {"x": XT, "w": rand(4, 2, 3, 3)}
+        attrs = {"strides": [3, 2], "output_shape": [10, 8]}
     check_node("ConvTranspose", inputs, reference=False, rtol=1e-4, atol=1e-5, **attrs)
 
 
@@ -113,7 +115,8 @@ def test_conv_integer_per_channel_w_zero_point() -> None:
 def _deform_inputs(offset_group: int, mask: bool, out: tuple[int, int]) -> dict:
     return {"x": rand(1, 4, 5, 6), "w": rand(2, 2, 2, 3),
             "offset": rand(1, offset_group * 12, *out) * 1.5, "b": rand(2),
-            "mask": RNG.uniform(size=(1, offset_group * 6, *out)).astype(np.float32) if mask else None}
+            "mask": RNG.uniform(size=(1, offset_group * 6, *out)).astype(np.float32)
+            if mask else None}
 
 
 @pytest.mark.parametrize("case", ["plain", "mask-offset-groups"])

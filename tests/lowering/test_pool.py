@@ -57,13 +57,15 @@ def test_max_pool_opset7() -> None:
 
 AVERAGE_POOL = {
     "pads": {"kernel_shape": [3, 3], "pads": [1, 1, 2, 0]},
-    "pads-count-include-pad": {"kernel_shape": [3, 3], "pads": [1, 1, 2, 0], "count_include_pad": 1},
+    "pads-count-include-pad": {"kernel_shape": [3, 3], "pads": [1, 1, 2, 0],
+                               "count_include_pad": 1},
     "ceil-last-window-on-pad": {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [3, 3],
                                 "ceil_mode": 1, "count_include_pad": 1},
     "ceil": {"kernel_shape": [2, 3], "strides": [2, 2], "ceil_mode": 1},
     "dilations": {"kernel_shape": [2, 2], "dilations": [2, 2], "pads": [1, 1, 1, 1]},
     "same-upper": {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"},
-    "same-lower-count-pad": {"kernel_shape": [2, 3], "auto_pad": "SAME_LOWER", "count_include_pad": 1},
+    "same-lower-count-pad": {"kernel_shape": [2, 3], "auto_pad": "SAME_LOWER",
+                             "count_include_pad": 1},
 }
 
 

@@ -1,7 +1,4 @@
-"""Convolutions over N-D channel-first tensors: Conv, ConvTranspose, ConvInteger, DeformConv, Col2Im.
-
-Also the window geometry (strides, dilations, pads, auto_pad) that the pooling family shares.
-"""
+"""Convolutions (N-D, channels first): Conv, ConvTranspose, ConvInteger, DeformConv, Col2Im."""
 
 from __future__ import annotations
 
@@ -19,9 +16,10 @@ Pads = list[tuple[int, int]]
 SAME = ("SAME_UPPER", "SAME_LOWER")
 
 
-# --- window geometry (shared with pool.py) ------------------------------------------------------
+# --- window geometry: strides, dilations, pads, auto_pad (pool.py shares it) ---------------------
 
-def spatial_ints(cx, name: str, value: Sequence[int] | None, n: int, default: int) -> tuple[int, ...]:
+def spatial_ints(cx, name: str, value: Sequence[int] | None, n: int,
+                 default: int) -> tuple[int, ...]:
     """An ints attribute with one value per spatial axis; `default` on every axis when absent."""
     if value is None:
         return (default,) * n
@@ -117,7 +115,7 @@ def conv(cx, x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel
 @rule("ConvInteger", since=10)
 def conv_integer(cx, x, w, x_zero_point=None, w_zero_point=None, *, auto_pad="NOTSET",
                  dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
-    """Y = (X - x_zero_point) (*) (W - w_zero_point) in int32; w_zero_point per M or scalar (v10+)."""
+    """Y = (X - x_zero_point) (*) (W - w_zero_point) as int32; w_zero_point scalar or per M (v10+)."""
     xi = x.astype(jnp.int32)
     wi = w.astype(jnp.int32)
     if x_zero_point is not None:
@@ -149,7 +147,8 @@ def _transpose_pads(cx, x, k, s, d, auto_pad, output_padding, output_shape, pads
         return [(0, 0)] * n if auto_pad == "VALID" else explicit_pads(cx, pads, n)
     if output_shape is not None:
         if len(output_shape) not in (n, n + 2):
-            raise cx.fail(f"output_shape must have {n} values (spatial axes), got {list(output_shape)}")
+            raise cx.fail(f"output_shape must have {n} values (spatial axes), "
+                          f"got {list(output_shape)}")
         target = [int(v) for v in output_shape[-n:]]
     else:
         target = [i * si for i, si in zip(sizes, s)]

@@ -1,5 +1,4 @@
-"""Pooling over N-D channel-first tensors: Max/Average/Lp pools, their global forms, MaxUnpool,
-MaxRoiPool and RoiAlign."""
+"""Pooling (N-D, channels first): Max/Average/Lp, global pools, MaxUnpool, MaxRoiPool, RoiAlign."""
 
 from __future__ import annotations
 
@@ -48,7 +47,7 @@ class Window:
 
 
 def window(cx, x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode=0) -> Window:
-    """The pooling geometry of the ONNX pool ops (out = floor or ceil((in + pads - span) / s) + 1)."""
+    """The geometry of ONNX pooling: out = floor or ceil((in + pads - span) / stride) + 1."""
     if x.ndim < 3:
         raise cx.fail(f"input X must have rank >= 3 (N, C, spatial...), got shape {tuple(x.shape)}")
     n = x.ndim - 2
@@ -117,8 +116,7 @@ def _max_with_indices(x, win: Window, storage_order: int):
 @rule("MaxPool", since=1)
 def max_pool(cx, x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None,
              pads=None, storage_order=0, strides=None):
-    """Y = max over each window; Indices = flattened input index of the max (v1+; v8+: Indices,
-    storage_order; v10+: ceil_mode, dilations; v12+: int8/uint8)."""
+    """Y = max of each window, Indices = its flat input index (v1+; Indices v8+, dilations v10+)."""
     win = window(cx, x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     if cx.output_used(1):
         if 0 in win.out:
@@ -143,8 +141,7 @@ def _counts(win: Window, count_include_pad: int) -> np.ndarray:
 @rule("AveragePool", since=1)
 def average_pool(cx, x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None,
                  kernel_shape=None, pads=None, strides=None):
-    """Y = mean over each window, pads counted if count_include_pad (v1+; v7+: count_include_pad;
-    v10+: ceil_mode; v19+: dilations)."""
+    """Y = mean of each window, pads counted if count_include_pad (v1+; ceil_mode v10+)."""
     win = window(cx, x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     xs = _wide(x)
     sums = win.reduce(xs, 0, lax.add)
@@ -163,8 +160,7 @@ def _lp(x, p, reduce):
 @rule("LpPool", since=1)
 def lp_pool(cx, x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None, p=2,
             pads=None, strides=None):
-    """Y = (sum over each window of |X|^p)^(1/p) (v1: float p; v2+: int p; v18+: ceil_mode,
-    dilations)."""
+    """Y = (sum of |X|^p over each window)^(1/p) (v1: float p; v2+: int p; v18+: ceil_mode)."""
     win = window(cx, x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     return _lp(x, p, lambda v: win.reduce(v, 0, lax.add))
 
@@ -218,7 +214,8 @@ def max_unpool(cx, x, i, output_shape=None, *, kernel_shape=None, pads=None, str
     want = tuple(int(v) for v in np.asarray(output_shape).reshape(-1))
     if len(want) != x.ndim:
         raise cx.fail(f"output_shape must have {x.ndim} values, got {list(want)}")
-    # the indices address the inferred shape; output_shape pads (or crops) it at the end
+    # as in the conformance case, the indices address the inferred shape and output_shape pads
+    # (or crops) it at the end; onnxruntime reads them as indices into output_shape instead
     y = y[tuple(slice(0, min(a, b)) for a, b in zip(inferred, want))]
     return jnp.pad(y, [(0, max(b - a, 0)) for a, b in zip(inferred, want)])
 
