@@ -115,7 +115,7 @@ def conv(cx, x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel
 @rule("ConvInteger", since=10)
 def conv_integer(cx, x, w, x_zero_point=None, w_zero_point=None, *, auto_pad="NOTSET",
                  dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
-    """Y = (X - x_zero_point) (*) (W - w_zero_point) as int32; w_zero_point scalar or per M (v10+)."""
+    """Y = (X - x_zero_point) (*) (W - w_zero_point) as int32, w_zero_point per M (v10+)."""
     xi = x.astype(jnp.int32)
     wi = w.astype(jnp.int32)
     if x_zero_point is not None:
