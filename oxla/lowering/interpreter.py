@@ -212,7 +212,8 @@ class Interpreter:
                 if body is None:
                     raise self._no_rule(node, domain, opset)
                 self.expanded[(domain, node.op_type, opset)] = 1
-                outputs = self.call_function(body, node, inputs, opsets, ref)
+                defaults = schemas.attribute_defaults(node.op_type, opset, domain)
+                outputs = self.call_function(body, node, inputs, opsets, ref, defaults)
         self._bind(node, outputs, scope, ref)
 
     def _no_rule(self, node: NodeProto, domain: str, opset: int) -> OxlaError:
@@ -297,13 +298,19 @@ class Interpreter:
         return self._bodies[key]
 
     def call_function(self, fn: FunctionProto, node: NodeProto, inputs: Sequence[Value],
-                      opsets: dict[str, int], ref: NodeRef) -> tuple[Value, ...]:
-        """Run a function body: formal inputs bound to the node's inputs, attributes substituted."""
+                      opsets: dict[str, int], ref: NodeRef,
+                      schema_defaults: dict[str, AttributeProto] | None = None) -> tuple[Value, ...]:
+        """Run a function body: formal inputs bound to the node's inputs, attributes substituted.
+
+        Defaults come from the FunctionProto (model-local functions) or, for schema bodies, from
+        the OpSchema's attribute defaults, which the generated bodies do not carry.
+        """
         scope = Scope(None)
         for i, formal in enumerate(fn.input):
             scope.set(formal, inputs[i] if i < len(inputs) else None)
         given = {a.name: a for a in node.attribute}
-        defaults = {a.name: a for a in fn.attribute_proto}
+        defaults = dict(schema_defaults or {})
+        defaults.update({a.name: a for a in fn.attribute_proto})
         fn_opsets = dict(opsets)
         fn_opsets.update(model_opsets(fn.opset_import))
         self.run_nodes([_substitute(n, given, defaults) for n in fn.node], scope, fn_opsets)

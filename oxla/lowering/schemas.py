@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 import onnx.defs
-from onnx import FunctionProto
+from onnx import AttributeProto, FunctionProto
 
 
 def get_schema(op_type: str, opset: int, domain: str) -> Any:
@@ -37,3 +38,20 @@ def context_body(schema: Any, opset: int, node: bytes, input_types: list[bytes])
     """The body a context-dependent function builds for this node and these input types."""
     data = schema.get_context_dependent_function_with_opset_version(opset, node, input_types)
     return FunctionProto.FromString(data) if data else None
+
+
+@cache
+def attribute_defaults(op_type: str, opset: int, domain: str) -> dict[str, AttributeProto]:
+    """The schema's attribute defaults (name -> AttributeProto named as the attribute)."""
+    schema = get_schema(op_type, opset, domain)
+    out: dict[str, AttributeProto] = {}
+    if schema is None:
+        return out
+    for name, attr in schema.attributes.items():
+        default = attr.default_value
+        if default.type != AttributeProto.UNDEFINED:
+            proto = AttributeProto()
+            proto.CopyFrom(default)
+            proto.name = name
+            out[name] = proto
+    return out
