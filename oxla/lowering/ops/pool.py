@@ -101,8 +101,8 @@ def _max_with_indices(x, win: Window, storage_order: int):
     cells = math.prod(win.out)
     gather = np.ravel_multi_index(padded, padded_sizes).reshape(cells, -1)
     inside = [np.clip(t, 0, size - 1) for t, size in zip(taps, win.sizes)]
-    order = "F" if storage_order else "C"
-    source = np.ravel_multi_index(inside, win.sizes, order=order).reshape(cells, -1)
+    source = np.ravel_multi_index(inside, win.sizes, order="F" if storage_order else "C")
+    source = source.reshape(cells, -1)
     xp = lax.pad(x, jnp.asarray(_lowest(x.dtype), x.dtype), [(a, b, 0) for a, b in win.padding()])
     vals = xp.reshape((*x.shape[:2], -1))[:, :, gather]
     best = jnp.argmax(vals, axis=-1)  # the first maximum in window order, as ONNX runtimes pick
