@@ -246,3 +246,161 @@ def test_linear_regressor_rejects_bad_coefficients() -> None:
     model = node_model("LinearRegressor", {"x": X}, domain=ML, opset=1, coefficients=[1.0, 2.0])
     with pytest.raises(LoweringError, match=r"coefficients must hold 1 x 4 = 4 values"):
         run_oxla(model, {"x": X})
+
+
+# --- tree ensembles --------------------------------------------------------------------------------
+# Two trees over 3 features: tree 0 splits twice (modes vary), tree 1 is a single split.
+TREES = {
+    "nodes_treeids": [0, 0, 0, 0, 0, 1, 1, 1],
+    "nodes_nodeids": [0, 1, 2, 3, 4, 0, 1, 2],
+    "nodes_featureids": [0, 1, 0, 0, 0, 2, 0, 0],
+    "nodes_values": [0.2, -0.3, 0, 0, 0, 0.5, 0, 0],
+    "nodes_modes": ["BRANCH_LEQ", "BRANCH_GT", "LEAF", "LEAF", "LEAF", "BRANCH_LT", "LEAF", "LEAF"],
+    "nodes_truenodeids": [1, 2, 0, 0, 0, 1, 0, 0],
+    "nodes_falsenodeids": [4, 3, 0, 0, 0, 2, 0, 0],
+    "nodes_missing_value_tracks_true": [1, 0, 0, 0, 0, 0, 0, 0],
+}
+LEAVES = [(0, 2), (0, 3), (0, 4), (1, 1), (1, 2)]
+XT = RNG.standard_normal((8, 3)).astype(np.float32)
+XT[0, 0] = np.nan  # takes tree 0's true branch (missing_value_tracks_true)
+
+
+def _votes(prefix: str, targets: int) -> dict[str, list[Any]]:
+    """Every leaf votes for every target with a distinct weight."""
+    pairs = [(t, n, k) for t, n in LEAVES for k in range(targets)]
+    return {f"{prefix}_treeids": [t for t, _, _ in pairs], f"{prefix}_nodeids": [n for _, n, _ in pairs],
+            f"{prefix}_ids": [k for _, _, k in pairs],
+            f"{prefix}_weights": [round(0.1 * (i + 1) * (-1) ** i, 2) for i in range(len(pairs))]}
+
+
+@pytest.mark.parametrize("how", ["SUM", "AVERAGE", "MIN", "MAX"])
+@pytest.mark.parametrize("targets", [1, 2])
+def test_tree_ensemble_regressor(how: str, targets: int) -> None:
+    check("TreeEnsembleRegressor", {"x": XT}, opset=3, n_targets=targets, aggregate_function=how,
+          base_values=[0.5] * targets, **TREES, **_votes("target", targets))
+
+
+def test_tree_ensemble_regressor_double_tensors() -> None:
+    # (onnx.reference needs nodes_values even when nodes_values_as_tensor is set)
+    attrs = dict(TREES, **_votes("target", 1))
+    values = attrs.pop("nodes_values")
+    weights = attrs.pop("target_weights")
+    check("TreeEnsembleRegressor", {"x": XT.astype(np.float64)}, opset=3, reference=False, n_targets=1,
+          nodes_values_as_tensor=T("v", values, TensorProto.DOUBLE),
+          target_weights_as_tensor=T("w", weights, TensorProto.DOUBLE), **attrs)
+
+
+@pytest.mark.parametrize("post", ["NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO"])
+@pytest.mark.parametrize("labels", [{"classlabels_int64s": [3, 5, 7]},
+                                    {"classlabels_strings": ["a", "b", "c"]}], ids=["ints", "strings"])
+def test_tree_ensemble_classifier_multiclass(post: str, labels: dict[str, Any]) -> None:
+    check("TreeEnsembleClassifier", {"x": XT}, ("y", "z"), opset=3, post_transform=post,
+          base_values=[0.1, 0.0, -0.1], **TREES, **_votes("class", 3), **labels)
+
+
+@pytest.mark.parametrize("votes,base,post", [
+    ({"class_ids": [0] * 5, "class_weights": [-0.4, 0.3, 0.9, -0.2, 0.1]}, [0.2], "LOGISTIC"),
+    ({"class_ids": [0] * 5, "class_weights": [-0.4, 0.3, 0.9, -0.2, 0.1]}, None, "NONE"),
+    ({"class_ids": [1] * 5, "class_weights": [0.4, 0.3, 0.9, 0.2, 0.1]}, None, "NONE"),
+    ({"class_ids": [0, 1] * 5, "class_weights": [0.6, 0.4, 0.3, 0.7, 0.5, 0.5, 0.8, 0.2, 0.1, 0.9]},
+     None, "NONE"),
+], ids=["boosted-logistic", "boosted-margin", "class1-probabilities", "both-classes"])
+def test_tree_ensemble_classifier_binary(votes: dict[str, Any], base: list[float] | None,
+                                         post: str) -> None:
+    # Binary conventions are onnxruntime's (onnx.reference disagrees whenever one class votes)
+    per_leaf = len(votes["class_ids"]) // len(LEAVES)
+    votes = dict(votes, class_treeids=[t for t, _ in LEAVES for _ in range(per_leaf)],
+                 class_nodeids=[n for _, n in LEAVES for _ in range(per_leaf)])
+    extra = {"base_values": base} if base else {}
+    check("TreeEnsembleClassifier", {"x": XT}, ("y", "z"), opset=3, reference=False,
+          post_transform=post, classlabels_int64s=[0, 1], **TREES, **votes, **extra)
+
+
+def test_tree_ensemble_classifier_rejects_dangling_child() -> None:
+    attrs = dict(TREES, nodes_falsenodeids=[9, 3, 0, 0, 0, 2, 0, 0])
+    model = node_model("TreeEnsembleClassifier", {"x": XT}, ("y", "z"), domain=ML, opset=3,
+                       classlabels_int64s=[0, 1, 2], **attrs, **_votes("class", 3))
+    with pytest.raises(LoweringError, match="node 0 of tree 0 points at missing node 9"):
+        run_oxla(model, {"x": XT})
+
+
+V5 = {  # tree 0: two splits then a set-membership split (members -1 and 2); tree 1: one split
+    "nodes_featureids": [0, 1, 2, 1], "nodes_modes": T("m", [0, 3, 1, 6], TensorProto.UINT8),
+    "nodes_splits": T("s", [0.2, -0.3, 0.5, 0.0], TensorProto.FLOAT),
+    "nodes_truenodeids": [1, 0, 4, 2], "nodes_trueleafs": [0, 1, 1, 1],
+    "nodes_falsenodeids": [3, 1, 5, 3], "nodes_falseleafs": [0, 1, 1, 1],
+    "nodes_missing_value_tracks_true": [1, 0, 0, 0],
+    "membership_values": T("mv", [-1.0, 2.0, np.nan], TensorProto.FLOAT),
+    "tree_roots": [0, 2], "leaf_targetids": [0, 1, 0, 1, 1, 0],
+    "leaf_weights": T("w", [0.5, -1.0, 2.0, 0.25, 3.0, -0.5], TensorProto.FLOAT),
+}
+
+
+# onnxruntime truncates X to an integer for set membership: feature 1 avoids -1.x and 2.x
+XV5 = XT.copy()
+XV5[:, 1] = [-1.0, 2.0, 0.5, -0.5, 1.5, 3.0, -2.0, 0.25]
+
+
+@pytest.mark.parametrize("how", [0, 1, 2, 3])
+def test_tree_ensemble_v5(how: int) -> None:
+    # onnx.reference leaves a target no tree votes for at +-FLT_MAX under MIN/MAX, ort at 0
+    check("TreeEnsemble", {"x": XV5}, opset=5, reference=how < 2, n_targets=2,
+          aggregate_function=how, **V5)
+
+
+def test_tree_ensemble_v5_post_transform_numbering() -> None:
+    # The spec numbers SOFTMAX 1 and LOGISTIC 2; onnxruntime swaps them, onnx.reference ignores both
+    raw = check("TreeEnsemble", {"x": XV5}, opset=5, n_targets=2, **V5)[0].astype(np.float64)
+    for code, want in [(1, np.exp(raw) / np.exp(raw).sum(axis=1, keepdims=True)),
+                       (2, 1 / (1 + np.exp(-raw)))]:
+        model = node_model("TreeEnsemble", {"x": XV5}, domain=ML, opset=5, n_targets=2,
+                           post_transform=code, **V5)
+        np.testing.assert_allclose(run_oxla(model, {"x": XV5})[0], want, rtol=1e-5)
+
+
+# --- support vector machines ---------------------------------------------------------------------
+SV = RNG.standard_normal((5, 4)).round(2)
+SVC = {"vectors_per_class": [2, 2, 1], "support_vectors": SV.reshape(-1).tolist(),
+       "coefficients": RNG.standard_normal(10).round(2).tolist(), "rho": [0.1, -0.2, 0.3],
+       "classlabels_ints": [0, 1, 2]}
+
+
+@pytest.mark.parametrize("kind", ["LINEAR", "POLY", "RBF", "SIGMOID"])
+def test_svm_classifier_one_vs_one(kind: str) -> None:
+    check("SVMClassifier", {"x": X}, ("y", "z"), rtol=1e-4, kernel_type=kind,
+          kernel_params=[0.5, 0.1, 3.0], **SVC)
+
+
+def test_svm_classifier_probabilities() -> None:
+    # onnx.reference's multiclass_probability builds Q wrongly (a dot product for a product)
+    check("SVMClassifier", {"x": X}, ("y", "z"), reference=False, rtol=1e-4, kernel_type="RBF",
+          kernel_params=[0.5, 0, 0], prob_a=[-1.0, -2.0, -0.5], prob_b=[0.1, 0.0, -0.2], **SVC)
+
+
+@pytest.mark.parametrize("post", ["NONE", "LOGISTIC"])
+def test_svm_classifier_binary_strings(post: str) -> None:
+    # (onnx.reference fails on string labels here)
+    check("SVMClassifier", {"x": X}, ("y", "z"), reference=False, rtol=1e-4, kernel_type="RBF",
+          kernel_params=[0.5, 0, 0], vectors_per_class=[2, 3], support_vectors=SV.reshape(-1).tolist(),
+          coefficients=SVC["coefficients"][:5], rho=[0.1], classlabels_strings=["no", "yes"],
+          post_transform=post)
+
+
+@pytest.mark.parametrize("classes", [2, 3])
+def test_svm_classifier_liblinear(classes: int) -> None:
+    # onnx.reference labels a liblinear model by the sign of the top score, not its class
+    check("SVMClassifier", {"x": X}, ("y", "z"), reference=False, kernel_params=[0.0, 0.0, 0.0],
+          coefficients=COEF3[:4 * classes], rho=[0.3],
+          classlabels_ints=list(range(classes)))
+
+
+@pytest.mark.parametrize("attrs", [
+    {"n_supports": 5, "support_vectors": SV.reshape(-1).tolist(), "kernel_type": "RBF",
+     "kernel_params": [0.3, 0, 0], "coefficients": [0.5, -0.2, 0.1, 0.9, -1.0], "rho": [0.2]},
+    {"n_supports": 5, "support_vectors": SV.reshape(-1).tolist(), "kernel_type": "POLY",
+     "kernel_params": [0.3, 1.0, 2.0], "coefficients": [0.5, -0.2, 0.1, 0.9, -1.0], "rho": [0.2],
+     "one_class": 1},
+    {"coefficients": [0.1, 0.2, -0.3, 0.4], "rho": [0.2], "kernel_params": [0.0, 0.0, 0.0]},
+], ids=["rbf", "poly-one-class", "linear"])
+def test_svm_regressor(attrs: dict[str, Any]) -> None:
+    check("SVMRegressor", {"x": X}, rtol=1e-4, **attrs)
