@@ -165,3 +165,13 @@ def test_jit_reuses_attention_compile() -> None:
     f = jax.jit(lambda q: compiled.fn(compiled.params, {"q": q, "k": K4, "v": V4})["y"])
     np.testing.assert_allclose(f(Q4), run_oxla(node_model("Attention", {"q": Q4, "k": K4, "v": V4}),
                                                {"q": Q4, "k": K4, "v": V4})[0], rtol=1e-6)
+
+
+def test_attention_fully_masked_row_has_finite_gradient() -> None:
+    mask = np.ones((3, 5), bool)
+    mask[1] = False
+    feeds = {"q": Q4, "k": K4, "v": V4, "attn_mask": mask}
+    compiled = oxla.compile(node_model("Attention", feeds))
+    loss = lambda q: compiled.fn(compiled.params, {**feeds, "q": q})["y"].sum()  # noqa: E731
+    grad = np.asarray(jax.grad(loss)(jnp.asarray(Q4)))
+    assert np.isfinite(grad).all() and np.all(grad[:, :, 1] == 0)

@@ -97,11 +97,9 @@ def _attention_bias(cx, q_len, kv_len, batch, attn_mask, past_len, nonpad, is_ca
     return bias
 
 
-def _attention(cx, q, k, v, attn_mask, past_key, past_value, nonpad, *, is_causal, kv_num_heads,
-               q_num_heads, qk_matmul_output_mode, scale, softcap, softmax_precision,
-               left_window_size=-1, right_window_size=-1):
-    three_d = q.ndim == 3
-    if three_d:
+def _attention_inputs(cx, q, k, v, past_key, past_value, q_num_heads, kv_num_heads):
+    """Q, K, V as (B, H, S, D), with the past keys and values prepended to K and V."""
+    if q.ndim == 3:
         if not q_num_heads or not kv_num_heads:
             raise cx.fail("3-D Q, K, V need the q_num_heads and kv_num_heads attributes")
         q, k, v = _heads(q, q_num_heads), _heads(k, kv_num_heads), _heads(v, kv_num_heads)
@@ -113,6 +111,16 @@ def _attention(cx, q, k, v, attn_mask, past_key, past_value, nonpad, *, is_causa
     if past_key is not None:
         k = jnp.concatenate([past_key, k], axis=2)
         v = jnp.concatenate([past_value, v], axis=2)
+    return q, k, v
+
+
+def _attention(cx, q, k, v, attn_mask, past_key, past_value, nonpad, *, is_causal, kv_num_heads,
+               q_num_heads, qk_matmul_output_mode, scale, softcap, softmax_precision,
+               left_window_size=-1, right_window_size=-1):
+    if qk_matmul_output_mode not in range(4):
+        raise cx.fail(f"qk_matmul_output_mode must be 0, 1, 2 or 3, got {qk_matmul_output_mode}")
+    three_d = q.ndim == 3
+    q, k, v = _attention_inputs(cx, q, k, v, past_key, past_value, q_num_heads, kv_num_heads)
     present_k, present_v = k, v
     batch, heads, q_len, head_size = q.shape
     kv_len = k.shape[2]
@@ -127,16 +135,16 @@ def _attention(cx, q, k, v, attn_mask, past_key, past_value, nonpad, *, is_causa
                            left_window_size, right_window_size, dtype)
     logits = capped if bias is None else capped + bias
     sm_dtype = dtype if softmax_precision is None else to_numpy_dtype(softmax_precision)
-    probs = jax.nn.softmax(logits.astype(sm_dtype), axis=-1)
-    if bias is not None:  # a row with every key masked attends nothing: zeros, not NaN
+    if bias is None:
+        probs = jax.nn.softmax(logits.astype(sm_dtype), axis=-1)
+    else:  # a row with every key masked attends nothing: zeros, not NaN (nor NaN gradients)
         masked_row = jnp.isneginf(jnp.max(bias, axis=-1, keepdims=True))
-        probs = jnp.where(masked_row, jnp.zeros((), sm_dtype), probs)
+        safe = jnp.where(masked_row, jnp.zeros((), dtype), logits).astype(sm_dtype)
+        probs = jnp.where(masked_row, jnp.zeros((), sm_dtype), jax.nn.softmax(safe, axis=-1))
     y = jnp.einsum("bhqk,bhkd->bhqd", probs.astype(dtype), v)
     if three_d:
         y = _unheads(y)
     debug = (qk, capped, jnp.broadcast_to(logits, qk.shape), probs)
-    if qk_matmul_output_mode not in range(4):
-        raise cx.fail(f"qk_matmul_output_mode must be 0, 1, 2 or 3, got {qk_matmul_output_mode}")
     return y, present_k, present_v, debug[qk_matmul_output_mode].astype(dtype)
 
 
