@@ -288,9 +288,11 @@ def _grid_taps(x, size: int, mode: str, padding: str, align: bool):
     x = (x + 1) / 2 * (size - 1) if align else ((x + 1) * size - 1) / 2
     if mode == "nearest":
         x = jnp.round(x)  # half to even, as PyTorch does
-    if padding == "border":
+    # cubic pads each of its taps instead, as PyTorch and onnxruntime do (onnx.reference pads the
+    # coordinate itself; the two agree for zeros padding, the only one the conformance data uses)
+    if padding == "border" and mode != "cubic":
         x = jnp.where((x < lo) | (x > hi), jnp.clip(x, 0, size - 1), x)
-    elif padding == "reflection":
+    elif padding == "reflection" and mode != "cubic":
         x = _reflect(x, lo, hi)
     if mode == "nearest":
         taps = [(x.astype(jnp.int32), jnp.ones_like(x))]

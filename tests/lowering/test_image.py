@@ -1,0 +1,181 @@
+"""Image rules (Resize, Upsample, GridSample, AffineGrid, NonMaxSuppression) against references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from oxla.errors import LoweringError
+from tests.lowering.util import check_node, node_model, run_oxla
+
+RNG = np.random.default_rng(0)
+IMG = RNG.standard_normal((1, 2, 4, 5)).astype(np.float32)
+OPSET = 21  # onnxruntime 1.32 has no opset 28 kernels
+
+
+def check(op: str, feeds: dict, *args: object, **kwargs: object) -> list:
+    kwargs.setdefault("opset", OPSET)
+    return check_node(op, feeds, *args, **kwargs)
+
+
+def scales(*v: float) -> np.ndarray:
+    return np.array(v, np.float32)
+
+
+def sizes(*v: int) -> np.ndarray:
+    return np.array(v, np.int64)
+
+
+@pytest.mark.parametrize("nearest_mode", ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"])
+@pytest.mark.parametrize("ctm", ["half_pixel", "asymmetric"])
+def test_resize_nearest_modes(nearest_mode: str, ctm: str) -> None:
+    check("Resize", {"x": IMG, "roi": None, "scales": None, "sizes": sizes(1, 2, 7, 8)},
+          mode="nearest", nearest_mode=nearest_mode, coordinate_transformation_mode=ctm)
+
+
+@pytest.mark.parametrize("ctm", ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric",
+                                 "half_pixel_symmetric"])
+@pytest.mark.parametrize("factors", [(1, 1, 1.7, 0.6), (1, 1, 0.5, 2.5)], ids=["up-down", "down-up"])
+def test_resize_linear_coordinate_modes(ctm: str, factors: tuple) -> None:
+    # onnxruntime maps align_corners with the integer output length, onnx.reference (and the
+    # conformance data) with the fractional one: they differ when scales do not divide evenly
+    check("Resize", {"x": IMG, "roi": None, "scales": scales(*factors)}, mode="linear",
+          coordinate_transformation_mode=ctm, ort=ctm != "align_corners", rtol=1e-4)
+
+
+@pytest.mark.parametrize("a, exclude", [(-0.75, 0), (-0.5, 1)])
+def test_resize_cubic(a: float, exclude: int) -> None:
+    check("Resize", {"x": IMG, "roi": None, "scales": None, "sizes": sizes(1, 2, 9, 3)},
+          mode="cubic", cubic_coeff_a=a, exclude_outside=exclude, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+def test_resize_antialias_downsample(mode: str) -> None:
+    x = RNG.standard_normal((1, 1, 12, 10)).astype(np.float32)
+    check("Resize", {"x": x, "roi": None, "scales": scales(1, 1, 0.4, 0.6)}, mode=mode, antialias=1,
+          rtol=1e-4, atol=1e-5)
+
+
+def test_resize_tf_crop_and_resize_extrapolation() -> None:
+    roi = np.array([0, 0, 0.2, -0.3, 1, 1, 1.1, 0.9], np.float32)
+    check("Resize", {"x": IMG, "roi": roi, "scales": None, "sizes": sizes(1, 2, 3, 6)}, mode="linear",
+          coordinate_transformation_mode="tf_crop_and_resize", extrapolation_value=7.5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("policy", ["stretch", "not_larger", "not_smaller"])
+def test_resize_axes_and_aspect_ratio(policy: str) -> None:
+    got = check("Resize", {"x": IMG, "roi": None, "scales": None, "sizes": sizes(10, 6)}, axes=(3, 2),
+                mode="nearest", keep_aspect_ratio_policy=policy)
+    want = {"stretch": (6, 10), "not_larger": (6, 8), "not_smaller": (8, 10)}[policy]
+    assert got[0].shape == (1, 2, *want)
+
+
+def test_resize_negative_axes() -> None:
+    # onnx.reference cannot take negative axes
+    feeds = {"x": IMG, "roi": None, "scales": None, "sizes": sizes(10, 6)}
+    got = check("Resize", feeds, axes=(-1, -2), mode="linear", reference=False)
+    np.testing.assert_array_equal(got[0], check("Resize", feeds, axes=(3, 2), mode="linear")[0])
+
+
+def test_resize_uint8_linear_rounds() -> None:
+    x = RNG.integers(0, 256, (1, 1, 3, 3)).astype(np.uint8)
+    # onnxruntime truncates toward zero (203.5 -> 203); onnx.reference rounds half to even
+    got = check("Resize", {"x": x, "roi": None, "scales": scales(1, 1, 2, 2)}, mode="linear", ort=False)
+    assert got[0].dtype == np.uint8
+
+
+@pytest.mark.parametrize("factor", [0.7, 1.7])
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_resize_v10_is_asymmetric(factor: float, mode: str) -> None:
+    # onnx.reference has no opset-10 Resize; onnxruntime is the reference here
+    check("Resize", {"x": IMG, "scales": scales(1, 1, factor, factor)}, opset=10, mode=mode,
+          reference=False)
+
+
+def test_upsample_v9_and_v7() -> None:
+    check("Upsample", {"x": IMG, "scales": scales(1, 1, 2, 3)}, opset=9)
+    got = check("Upsample", {"x": IMG}, opset=7, reference=False, scales=(1.0, 1.0, 1.5, 2.0),
+                mode="linear")
+    assert got[0].shape == (1, 2, 6, 10)
+
+
+def test_resize_errors() -> None:
+    feeds = {"x": IMG, "roi": None, "scales": scales(1, 1, 2, 2), "sizes": sizes(1, 2, 8, 10)}
+    with pytest.raises(LoweringError, match="only one of scales and sizes"):
+        run_oxla(node_model("Resize", feeds, opset=OPSET), feeds)
+    feeds = {"x": IMG, "roi": None, "scales": scales(1, 1, 2, 2)}
+    with pytest.raises(LoweringError, match="mode must be 'nearest', 'linear' or 'cubic'"):
+        run_oxla(node_model("Resize", feeds, opset=OPSET, mode="bilinear"), feeds)
+
+
+GRID = RNG.uniform(-1.3, 1.3, (1, 3, 4, 2)).astype(np.float32)
+
+
+GRID_CASES = [(m, p, 0) for m in ("nearest", "linear", "cubic") for p in ("zeros", "border", "reflection")]
+GRID_CASES += [("nearest", "border", 1), ("linear", "reflection", 1), ("cubic", "zeros", 1)]
+
+
+@pytest.mark.parametrize("mode, padding, align", GRID_CASES)
+def test_grid_sample_2d(padding: str, mode: str, align: int) -> None:
+    # cubic pads each tap as PyTorch and onnxruntime do; onnx.reference pads the coordinate
+    check("GridSample", {"x": IMG, "grid": GRID}, mode=mode, padding_mode=padding, align_corners=align,
+          reference=mode != "cubic" or padding == "zeros", rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_grid_sample_3d(mode: str) -> None:
+    x = RNG.standard_normal((2, 2, 3, 4, 5)).astype(np.float32)
+    grid = RNG.uniform(-1.2, 1.2, (2, 2, 3, 2, 3)).astype(np.float32)
+    check("GridSample", {"x": x, "grid": grid}, mode=mode, padding_mode="border", rtol=1e-4, atol=1e-5)
+
+
+def test_grid_sample_v16_mode_names() -> None:
+    # onnx.reference knows only the v20 mode names
+    check("GridSample", {"x": IMG, "grid": GRID}, opset=16, mode="bicubic", reference=False,
+          rtol=1e-4, atol=1e-5)
+    feeds = {"x": IMG, "grid": GRID}
+    with pytest.raises(LoweringError, match="mode must be 'bilinear', 'nearest' or 'bicubic'"):
+        run_oxla(node_model("GridSample", feeds, opset=16, mode="linear"), feeds)
+
+
+@pytest.mark.parametrize("align", [0, 1])
+@pytest.mark.parametrize("size", [(2, 3, 4, 5), (2, 1, 3, 4, 2)], ids=["2d", "3d"])
+def test_affine_grid(align: int, size: tuple) -> None:
+    nd = len(size) - 2
+    theta = RNG.standard_normal((2, nd, nd + 1)).astype(np.float32)
+    check("AffineGrid", {"theta": theta, "size": np.array(size, np.int64)}, align_corners=align,
+          rtol=1e-4, atol=1e-5)
+
+
+BOXES = np.array([[[0, 0, 1, 1], [0, 0.1, 1, 1.1], [0, -0.1, 1, 0.9], [0, 10, 1, 11],
+                   [1, 10.1, 0, 11.1], [0, 100, 1, 101]]], np.float32)
+SCORES = np.array([[[0.9, 0.75, 0.6, 0.95, 0.5, 0.3], [0.1, 0.9, 0.9, 0.2, 0.3, 0.9]]], np.float32)
+
+
+def nms(boxes: np.ndarray = BOXES, scores: np.ndarray = SCORES, limit: int | None = 3,
+        iou: float | None = 0.5, score: float | None = None, **attrs: object) -> np.ndarray:
+    feeds = {"boxes": boxes, "scores": scores,
+             "max": None if limit is None else np.array([limit], np.int64),
+             "iou": None if iou is None else np.array([iou], np.float32),
+             "score": None if score is None else np.array([score], np.float32)}
+    return check("NonMaxSuppression", feeds, **attrs)[0]
+
+
+def test_nms_suppresses_by_iou_and_keeps_ties_in_index_order() -> None:
+    got = nms()
+    # class 1 has three boxes tied at 0.9: the lower index goes first
+    assert got.tolist() == [[0, 0, 3], [0, 0, 0], [0, 0, 5], [0, 1, 1], [0, 1, 5], [0, 1, 4]]
+
+
+def test_nms_score_threshold_limit_and_batches() -> None:
+    nms(np.concatenate([BOXES, BOXES[:, ::-1]]), np.concatenate([SCORES, SCORES]), limit=2, score=0.4)
+
+
+def test_nms_center_point_box() -> None:
+    centers = np.array([[[0.5, 0.5, 1, 1], [0.5, 0.6, 1, 1], [0.5, 10.5, 1, 1]]], np.float32)
+    nms(centers, SCORES[:, :, :3], center_point_box=1, iou=0.3)
+
+
+def test_nms_absent_limit_selects_nothing() -> None:
+    # onnx.reference fails on absent optional inputs
+    assert nms(limit=None, iou=None, reference=False).shape == (0, 3)
