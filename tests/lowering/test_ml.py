@@ -404,3 +404,11 @@ def test_svm_classifier_liblinear(classes: int) -> None:
 ], ids=["rbf", "poly-one-class", "linear"])
 def test_svm_regressor(attrs: dict[str, Any]) -> None:
     check("SVMRegressor", {"x": X}, rtol=1e-4, **attrs)
+
+
+def test_tree_ensemble_rejects_features_beyond_x() -> None:
+    x = XT[:, :2]  # tree 1 tests feature 2
+    model = node_model("TreeEnsembleRegressor", {"x": x}, domain=ML, opset=3, n_targets=1,
+                       **TREES, **_votes("target", 1))
+    with pytest.raises(LoweringError, match="the trees test features up to 2, but X has 2"):
+        run_oxla(model, {"x": x})

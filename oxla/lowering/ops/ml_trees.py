@@ -107,8 +107,11 @@ def forest_v3(treeids: Sequence[int], nodeids: Sequence[int], featureids: Sequen
                   *_votes(n, targets, nodes, vote_targets, vote_weights))
 
 
-def descend(forest: Forest, x: Any) -> Any:
+def descend(cx, forest: Forest, x: Any) -> Any:
     """The leaf each row of x [N, F] reaches in each tree: [N, trees] node indices."""
+    used = forest.feature[forest.mode != LEAF]
+    if used.size and (used.min() < 0 or used.max() >= x.shape[1]):
+        raise cx.fail(f"the trees test features up to {int(used.max())}, but X has {x.shape[1]}")
     modes = sorted({int(m) for m in forest.mode} - {LEAF})
     mode, feature = jnp.asarray(forest.mode), jnp.asarray(forest.feature)
     threshold = jnp.asarray(forest.threshold.astype(x.dtype))
@@ -158,7 +161,7 @@ def regress(cx, forest: Forest, x: Any, how: str, base: Any, post_transform: str
     """Scores of a regression ensemble, base values and post-transform as onnxruntime does."""
     if how not in AGGREGATES:
         raise cx.fail(f"aggregate_function must be one of {', '.join(AGGREGATES)}, got {how!r}")
-    score, has = aggregate(forest, descend(forest, as_rows(x).astype(dtype)), how, dtype)
+    score, has = aggregate(forest, descend(cx, forest, as_rows(x).astype(dtype)), how, dtype)
     targets = forest.weight.shape[1]
     base = np.asarray(base if base is not None else (), np.float64).reshape(-1)
     if targets == 1:  # a single target gets the base value (when one is given) and only PROBIT
@@ -219,7 +222,7 @@ def classify(cx, forest: Forest, x: Any, base: Any, labels: list[Any], named: bo
              post_transform: str, dtype: Any, class_ids: Sequence[int],
              weights: Sequence[float]) -> tuple[Any, Any]:
     """(labels, scores) of a classification ensemble, with onnxruntime's binary conventions."""
-    score, has = aggregate(forest, descend(forest, as_rows(x).astype(dtype)), "SUM", dtype)
+    score, has = aggregate(forest, descend(cx, forest, as_rows(x).astype(dtype)), "SUM", dtype)
     base = np.asarray(base if base is not None else (), np.float64).reshape(-1)
     if len(labels) > 2:
         b = jnp.asarray(np.pad(base, (0, len(labels) - base.size)).astype(dtype))
