@@ -1,0 +1,123 @@
+"""`oxla train`: training from the command line, per-epoch checkpoints that survive a kill in the
+middle of being written, and --resume continuing to the same weights as an uninterrupted run."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from oxla.cli import main
+from tests.training.models import mlp, mlp_weights
+
+REPO = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+# Runs `oxla train` with the checkpoint writer replaced: the 3rd write (epoch 3) stops halfway,
+# tells the test, and waits to be killed.
+CRASHING = """
+import os, sys, time
+from oxla.training import checkpoint
+from oxla.cli import main
+marker, real, calls = sys.argv[1], checkpoint._write_all, []
+def write(f, data):
+    calls.append(1)
+    if len(calls) == 3:
+        f.write(data[: len(data) // 2]); f.flush(); os.fsync(f.fileno())
+        open(marker, "w").close()
+        time.sleep(600)
+    real(f, data)
+checkpoint._write_all = write
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _setup(tmp_path: Path) -> tuple[Path, Path]:
+    digits = np.load(REPO / "data" / "digits.npz")
+    data = tmp_path / "data.npz"
+    np.savez(data, x_train=digits["x_train"][:256], y_train=digits["y_train"][:256],
+             x_test=digits["x_test"][:64], y_test=digits["y_test"][:64])
+    model = tmp_path / "mlp.onnx"
+    onnx.save(mlp(mlp_weights((64, 16, 10))), model)
+    return model, data
+
+
+def _train(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "oxla", "train", *args], cwd=REPO, env=ENV,
+                          capture_output=True, text=True, timeout=600)
+
+
+def _weights(path: Path) -> dict[str, np.ndarray]:
+    return {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(path).graph.initializer}
+
+
+def _epoch(path: Path) -> str:
+    return {p.key: p.value for p in onnx.load(path).metadata_props}["oxla.training.epoch"]
+
+
+def test_killed_while_writing_a_checkpoint_resumes_from_the_last_good_one(tmp_path: Path) -> None:
+    model, data = _setup(tmp_path)
+    common = ["--data", str(data), "--epochs", "4", "--batch-size", "32", "--seed", "3"]
+    recipe = ["--optimizer", "adam", "--lr", "0.01"]
+    ckpt, marker = tmp_path / "run.ckpt.onnx", tmp_path / "writing"
+    child = subprocess.Popen([sys.executable, "-c", CRASHING, str(marker), "train", str(model), *common,
+                              *recipe, "--out", str(tmp_path / "run.onnx"), "--checkpoint", str(ckpt),
+                              "--quiet"], cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 600
+    while not marker.exists():
+        assert child.poll() is None, child.communicate()[1].decode()[-2000:]
+        assert time.monotonic() < deadline, "the child never reached its 3rd checkpoint"
+        time.sleep(0.1)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    partial = [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert len(partial) == 1 and partial[0].stat().st_size < ckpt.stat().st_size
+    onnx.checker.check_model(onnx.load(ckpt))        # the last good checkpoint is intact
+    assert _epoch(ckpt) == "2"
+
+    resumed = _train(str(model), *common, "--resume", str(ckpt), "--out", str(tmp_path / "resumed.onnx"),
+                     "--checkpoint", str(ckpt), "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "epoch 3/4" in resumed.stdout and "epoch 1/4" not in resumed.stdout
+    straight = _train(str(model), *common, *recipe, "--out", str(tmp_path / "straight.onnx"), "--quiet")
+    assert straight.returncode == 0, straight.stderr
+    want, got = _weights(tmp_path / "straight.onnx"), _weights(tmp_path / "resumed.onnx")
+    assert not np.allclose(got["w0"], mlp_weights((64, 16, 10))["w0"])
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_train_shows_progress_evaluates_and_exports(tmp_path: Path) -> None:
+    model, data = _setup(tmp_path)
+    done = _train(str(model), "--data", str(data), "--epochs", "2", "--optimizer", "momentum",
+                  "--lr", "0.05", "--out", str(tmp_path / "t.onnx"), "--export", str(tmp_path / "i.onnx"))
+    assert done.returncode == 0, done.stderr
+    assert "samples/s" in done.stderr and "loss" in done.stderr        # the progress bar
+    assert "epoch 2/2: mean loss" in done.stdout and "test accuracy" in done.stdout
+    trained = onnx.load(tmp_path / "t.onnx")
+    meta = {p.key: p.value for p in trained.metadata_props}
+    assert meta["oxla.training.optimizer"] == "standard momentum" and meta["oxla.training.epoch"] == "2"
+    assert not onnx.load(tmp_path / "i.onnx").training_info
+
+
+def test_train_refuses_bad_requests(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model, data = _setup(tmp_path)
+    if importlib.util.find_spec("matplotlib") is None:
+        assert main(["train", str(model), "--data", str(data), "--plot", str(tmp_path / "l.png")]) == 2
+        assert "--plot needs matplotlib, which is not installed" in capsys.readouterr().err
+    trainable = tmp_path / "trainable.onnx"
+    assert main(["train", str(model), "--data", str(data), "--epochs", "0", "--out", str(trainable)]) == 0
+    assert main(["train", str(trainable), "--data", str(data), "--optimizer", "adagrad"]) == 2
+    assert "already has a training recipe" in capsys.readouterr().err
+    assert main(["train", str(model), "--data", str(tmp_path / "none.npz")]) == 2
+    assert "cannot read data file" in capsys.readouterr().err
+    assert main(["train", str(model), "--data", str(data), "--out", str(tmp_path / "no" / "x.onnx")]) == 2
+    assert "does not exist" in capsys.readouterr().err
