@@ -129,10 +129,11 @@ def _bn_legacy(cx, x, scale, b, mean, var, epsilon, momentum, spatial):
     return _bn_inference(x, scale, b, mean, var, epsilon)
 
 
-@rule("BatchNormalization", since=6)
-def batch_normalization_v6(cx, x, scale, b, mean, var, *, epsilon=1e-5, is_test=0,
-                           momentum=0.9, spatial=1):
-    """BatchNorm v6: is_test selects inference; spatial=0 normalizes per activation."""
+@rule("BatchNormalization", since=1)
+def batch_normalization_v1(cx, x, scale, b, mean, var, *, consumed_inputs=None, epsilon=1e-5,
+                           is_test=0, momentum=0.9, spatial=1):
+    """BatchNorm v1-v6: is_test selects inference; spatial=0 normalizes per activation."""
+    # consumed_inputs (v1) is a legacy in-place hint with no effect on the result
     if is_test:
         return _bn_inference(x, scale, b, mean, var, epsilon)
     return _bn_legacy(cx, x, scale, b, mean, var, epsilon, momentum, spatial)
@@ -179,9 +180,10 @@ def _stash_dtype(cx, stash_type: int) -> np.dtype:
     return dtype
 
 
-@rule("InstanceNormalization", since=6)
-def instance_normalization(cx, x, scale, b, *, epsilon=1e-5):
-    """Y = scale * (X - mean) / sqrt(var + epsilon) + B, statistics per (N, C) (v6+)."""
+@rule("InstanceNormalization", since=1)
+def instance_normalization(cx, x, scale, b, *, consumed_inputs=None, epsilon=1e-5):
+    """Y = scale * (X - mean) / sqrt(var + epsilon) + B, statistics per (N, C) (v1+)."""
+    # consumed_inputs (v1) is a legacy in-place hint with no effect on the result
     norm, _, _ = _normalize(x, tuple(range(2, x.ndim)), epsilon, accum_dtype(x.dtype))
     rank = x.ndim
     y = norm * _per_channel(scale.astype(norm.dtype), rank) + _per_channel(b.astype(norm.dtype), rank)
@@ -322,9 +324,10 @@ def _dropout(x, ratio, training, seed, mask_dtype):
     return jnp.where(keep, scaled, jnp.zeros((), x.dtype)), keep.astype(mask_dtype)
 
 
-@rule("Dropout", since=6, fold=False)
-def dropout_v6(cx, x, *, is_test=0, ratio=0.5):
-    """Dropout v6: identity unless is_test=0 and the model is compiled for training."""
+@rule("Dropout", since=1, fold=False)
+def dropout_v1(cx, x, *, consumed_inputs=None, is_test=0, ratio=0.5):
+    """Dropout v1-v6: identity unless is_test=0 and the model is compiled for training."""
+    # consumed_inputs (v1) is a legacy in-place hint with no effect on the result
     training = not is_test and cx.options.training
     return _dropout(x, ratio, training, None, x.dtype)
 
