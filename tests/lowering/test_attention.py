@@ -93,7 +93,7 @@ def test_attention_v25_rejects_head_counts_for_4d() -> None:
 
 def test_attention_gradient() -> None:
     compiled = oxla.compile(node_model("Attention", {"q": Q4, "k": K4, "v": V4}, is_causal=1))
-    fn = lambda q: compiled.fn(compiled.params, {"q": q, "k": K4, "v": V4})["y"]  # noqa: E731
+    fn = jax.jit(lambda q: compiled.fn(compiled.params, {"q": q, "k": K4, "v": V4})["y"])
     check_grads(fn, (jnp.asarray(Q4, jnp.float64),), order=1, modes=("rev",), atol=1e-2, rtol=1e-2)
 
 
