@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import struct
+import zlib
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -179,3 +183,63 @@ def test_nms_center_point_box() -> None:
 def test_nms_absent_limit_selects_nothing() -> None:
     # onnx.reference fails on absent optional inputs
     assert nms(limit=None, iou=None, reference=False).shape == (0, 3)
+
+
+PIXELS = RNG.integers(0, 256, (5, 4, 3)).astype(np.uint8)
+
+
+def _paeth(a: int, b: int, c: int) -> int:
+    p = a + b - c
+    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+    return a if pa <= pb and pa <= pc else b if pb <= pc else c
+
+
+def _png(pixels: np.ndarray) -> bytes:
+    """An 8-bit RGB PNG whose rows use filters 0, 1, 2, 3, 4 in turn."""
+    h, w, bpp = pixels.shape
+    rows, prior = b"", np.zeros(w * bpp, int)
+    for y in range(h):
+        row, kind, out = pixels[y].reshape(-1).astype(int), y % 5, []
+        for i, v in enumerate(row):
+            a, b, c = (row[i - bpp] if i >= bpp else 0), prior[i], (prior[i - bpp] if i >= bpp else 0)
+            pred = [0, a, b, (a + b) // 2, _paeth(a, b, c)][kind]
+            out.append((v - pred) % 256)
+        rows += bytes([kind, *out])
+        prior = row
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    header = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+def _bmp(pixels: np.ndarray) -> bytes:
+    h, w, _ = pixels.shape
+    stride = (w * 3 + 3) // 4 * 4
+    rows = b"".join(pixels[y, :, ::-1].tobytes().ljust(stride, b"\0") for y in range(h - 1, -1, -1))
+    info = struct.pack("<IiiHHIIiiII", 40, w, h, 1, 24, 0, len(rows), 0, 0, 0, 0)
+    return b"BM" + struct.pack("<IHHI", 54 + len(rows), 0, 0, 54) + info + rows
+
+
+def _decode(data: bytes, **attrs: object) -> np.ndarray:
+    # onnx.reference needs Pillow and onnxruntime lacks the op: the expected pixels are known
+    feeds = {"x": np.frombuffer(data, np.uint8).copy()}
+    return run_oxla(node_model("ImageDecoder", feeds, opset=OPSET, **attrs), feeds)[0]
+
+
+@pytest.mark.parametrize("encode", [_png, _bmp, lambda p: b"P6\n# c\n4 5\n255\n" + p.tobytes()],
+                         ids=["png", "bmp", "pnm"])
+def test_image_decoder_lossless_formats(encode: Callable[[np.ndarray], bytes]) -> None:
+    data = encode(PIXELS)
+    np.testing.assert_array_equal(_decode(data), PIXELS)
+    np.testing.assert_array_equal(_decode(data, pixel_format="BGR"), PIXELS[..., ::-1])
+    gray = _decode(data, pixel_format="Grayscale")
+    want = (PIXELS.astype(np.int64) @ np.array([19595, 38470, 7471]) + 0x8000) >> 16
+    np.testing.assert_array_equal(gray[..., 0], want)
+
+
+def test_image_decoder_corrupt_stream_is_empty_and_jpeg_is_an_error() -> None:
+    assert _decode(b"not an image").shape == (0, 0, 3)
+    assert _decode(_png(PIXELS)[:40]).shape == (0, 0, 3)
+    with pytest.raises(LoweringError, match="cannot decode JPEG images"):
+        _decode(b"\xff\xd8\xff\xe0" + bytes(20))
