@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import oxla
 from oxla.errors import LoweringError
 from tests.lowering.util import check_node, node_model, run_oxla
 
@@ -175,3 +176,11 @@ def test_dropout_training_drops_and_rescales() -> None:
     np.testing.assert_allclose(y, np.where(mask, 1 / 0.75, 0), rtol=1e-6)
     y2, _ = run_oxla(node_model("Dropout", feeds, ("y", "mask"), seed=1), feeds)
     np.testing.assert_array_equal(y, y2)  # one seed, one mask
+
+
+def test_dropout_without_seed_draws_a_new_mask_every_run() -> None:
+    x = np.ones((50, 50), np.float32)
+    feeds = {"x": x, "ratio": np.array(0.5, np.float32), "training_mode": np.array(True)}
+    compiled = oxla.compile(node_model("Dropout", feeds, ("y", "mask")))
+    first, second = compiled(feeds)["mask"], compiled(feeds)["mask"]
+    assert np.asarray(first).mean() > 0.4 and not np.array_equal(first, second)

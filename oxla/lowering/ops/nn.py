@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.experimental import io_callback
 
 from oxla.dtypes import to_numpy_dtype
 from oxla.lowering.registry import rule
@@ -309,12 +310,15 @@ def _dropout(x, ratio, training, seed, mask_dtype):
     """Y = X * keep / (1 - ratio), keep ~ Bernoulli(1 - ratio) where training, else Y = X.
 
     A real PRNG (jax threefry): the kept positions cannot match another runtime's generator,
-    only the distribution does. Without a seed, one is drawn when the graph is traced, so a
-    compiled model reuses its mask across calls.
+    only the distribution does. A seed gives one mask on every run; without one, every run of
+    the compiled function draws a fresh seed from the host.
     """
     if training is False:
         return x, jnp.ones(x.shape, mask_dtype)
-    key = jax.random.key(secrets.randbits(63) if seed is None else seed)
+    if seed is None:  # a side-effecting callback: runs on every call, never folded
+        seed = io_callback(lambda: np.asarray(secrets.randbits(63), np.int64),
+                           jax.ShapeDtypeStruct((), jnp.int64))
+    key = jax.random.key(seed)
     r = jnp.asarray(ratio, jnp.float32)
     keep = jax.random.bernoulli(key, 1 - r, x.shape)
     if training is not True:  # a traced training_mode: select at run time
