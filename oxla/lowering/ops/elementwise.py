@@ -156,7 +156,7 @@ def where(cx, condition, x, y):
 
 
 @rule("Clip", since=11)
-def clip(cx, x, min=None, max=None):  # noqa: A002 -- ONNX input names
+def clip(cx, x, min=None, max=None):
     """Y = min(max(X, min), max); both bounds optional inputs (v11+)."""
     if min is not None:
         x = jnp.maximum(x, jnp.asarray(min, x.dtype))
@@ -166,7 +166,7 @@ def clip(cx, x, min=None, max=None):  # noqa: A002 -- ONNX input names
 
 
 @rule("Clip", since=6)
-def clip_v6(cx, x, *, max=3.4028234663852886e38, min=-3.4028234663852886e38):  # noqa: A002
+def clip_v6(cx, x, *, max=3.4028234663852886e38, min=-3.4028234663852886e38):
     """Clip with bounds as attributes (v6-v10)."""
     return jnp.clip(x, jnp.asarray(min, x.dtype), jnp.asarray(max, x.dtype))
 
