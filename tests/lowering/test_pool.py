@@ -163,3 +163,22 @@ def test_roi_align_adaptive_grid_opset10() -> None:
 def test_pool_kernel_shape_message() -> None:
     with pytest.raises(LoweringError, match="kernel_shape must have 2 values"):
         check_node("MaxPool", {"x": X}, kernel_shape=[2])
+
+
+def test_pooling_is_differentiable() -> None:
+    import jax
+    import jax.numpy as jnp
+    import onnx
+
+    import oxla
+
+    m = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 18]>
+        g (float[1,1,4,4] x) => (float[1,1,2,2] y, float[1,1,2,2] z) {
+            y = MaxPool<kernel_shape=[2,2], strides=[2,2]>(x)
+            z = AveragePool<kernel_shape=[2,2], strides=[2,2]>(x) }""")
+    c = oxla.compile(m)
+    x = jnp.arange(16.0, dtype=jnp.float32).reshape(1, 1, 4, 4)
+    grad = jax.jit(jax.grad(lambda x: sum(jnp.sum(v) for v in c.fn(c.params, {"x": x}).values())))(x)
+    want = np.full((4, 4), 0.25, np.float32)
+    want[1::2, 1::2] += 1.0  # the max of each window gets the MaxPool gradient
+    np.testing.assert_array_equal(np.asarray(grad).reshape(4, 4), want)

@@ -36,7 +36,8 @@ class Window:
     def reduce(self, x, init, op):
         if 0 in self.out:
             return jnp.zeros(x.shape[:2] + self.out, x.dtype)
-        return lax.reduce_window(x, jnp.asarray(init, x.dtype), op, (1, 1, *self.kernel),
+        # a numpy init value stays a literal: a traced one makes reduce_window non-differentiable
+        return lax.reduce_window(x, np.asarray(init, x.dtype), op, (1, 1, *self.kernel),
                                  (1, 1, *self.strides), self.padding(),
                                  window_dilation=(1, 1, *self.dilations))
 
