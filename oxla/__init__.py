@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from oxla import training
-from oxla.compile import CompiledModel, compile  # noqa: A004
+from oxla.compile import CompiledModel, compile
 from oxla.errors import (
     InputError,
     InvalidModelError,

@@ -55,8 +55,8 @@ class OxlaBackend(Backend):
     @classmethod
     def prepare(cls, model: ModelProto, device: str = "CPU", **kwargs: Any) -> OxlaRep:
         proto = load_model(model)
-        options = Options(bake_weights=bool(kwargs.get("bake_weights", False)))
-        return OxlaRep(CompiledModel(proto, options))
+        options = Options(bake_weights=bool(kwargs.get("bake_weights", False)), layout_weights=True)
+        return OxlaRep(CompiledModel(proto, options, copy=False))
 
     @classmethod
     def run_model(cls, model: ModelProto, inputs: Any, device: str = "CPU",
@@ -81,7 +81,7 @@ class OxlaBackend(Backend):
         if domain not in ("", "ai.onnx"):
             imports.append(helper.make_opsetid(domain, 1))
         model = helper.make_model(graph, opset_imports=imports)
-        rep = OxlaRep(CompiledModel(load_model(model, check=False)))
+        rep = OxlaRep(CompiledModel(load_model(model, check=False), copy=False))
         return rep.run(dict(zip(names, values)))
 
     @classmethod

@@ -66,9 +66,14 @@ class CompiledModel:
     (no data-dependent shapes); calling the model object handles breaks itself.
     """
 
-    def __init__(self, model: ModelProto, options: Options | None = None) -> None:
+    def __init__(self, model: ModelProto, options: Options | None = None, *, copy: bool = True) -> None:
         self.options = options or Options()
-        self.model = prepare(model, bake_weights=self.options.bake_weights)
+        if copy:  # the passes rewrite the graph; the caller's proto stays as it was
+            owned = ModelProto()
+            owned.CopyFrom(model)
+            model = owned
+        self.model = prepare(model, bake_weights=self.options.bake_weights,
+                             layout_weights=self.options.layout_weights)
         graph = self.model.graph
         self.interpreter = Interpreter(self.model, self.options)
         self.nodes: list[NodeProto] = list(graph.node)
@@ -322,4 +327,4 @@ def compile(model: ModelSource | ModelProto, *, bake_weights: bool = False) -> C
         A CompiledModel; call it with a dict of inputs, or use `.fn(params, inputs)` with `.params`.
     """
     proto = load_model(model)
-    return CompiledModel(proto, Options(bake_weights=bake_weights))
+    return CompiledModel(proto, Options(bake_weights=bake_weights), copy=False)

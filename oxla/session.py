@@ -68,7 +68,8 @@ class InferenceSession:
                  sess_options: Any = None, providers: Any = None, provider_options: Any = None,
                  *, bake_weights: bool = False, **_: Any) -> None:
         model = load_model(path_or_bytes)
-        self._compiled = CompiledModel(model, Options(bake_weights=bake_weights))
+        self._compiled = CompiledModel(model, Options(bake_weights=bake_weights, layout_weights=True),
+                                       copy=False)
         graph = self._compiled.model.graph
         inputs = {i.name: i for i in graph.input}
         self._inputs = [inputs[name] for name in self._compiled.input_names]

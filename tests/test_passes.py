@@ -56,3 +56,25 @@ def test_local_function_attribute_reference_and_default() -> None:
     y, z = oxla.InferenceSession(m.SerializeToString()).run(None, {"x": x})
     np.testing.assert_allclose(y, np.where(x < 0, 0.5 * x, x))
     np.testing.assert_allclose(z, np.where(x < 0, 0.25 * x, x))
+
+
+def test_conv_kernels_stored_hwio_give_the_same_result() -> None:
+    from oxla.lowering.context import Options
+    from oxla.passes.conv_layout import SUFFIX
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    shared = numpy_helper.from_array(rng.standard_normal((4, 4, 1, 1)).astype(np.float32), "s")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["a", "s"], ["b"]),
+             helper.make_node("Add", ["b", "s"], ["y"])]  # 's' is read elsewhere: left alone
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], [w, shared])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    plain = oxla.CompiledModel(model)
+    laid_out = oxla.CompiledModel(model, Options(layout_weights=True))
+    assert set(laid_out.params) == {"w" + SUFFIX, "s"}
+    assert laid_out.params["w" + SUFFIX].shape == (3, 3, 3, 4)
+    np.testing.assert_allclose(np.asarray(laid_out({"x": x})["y"]), np.asarray(plain({"x": x})["y"]),
+                               rtol=1e-5, atol=1e-5)

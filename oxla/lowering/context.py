@@ -22,6 +22,7 @@ class Options:
 
     bake_weights: bool = False       # initializers become HLO constants instead of parameters
     training: bool = False           # Dropout and friends in training mode when asked by inputs
+    layout_weights: bool = False     # store conv kernels as HWIO (renames those parameters)
 
 
 class NeedStatic(Exception):
