@@ -60,7 +60,7 @@ def test_local_function_attribute_reference_and_default() -> None:
 
 def test_conv_kernels_stored_hwio_give_the_same_result() -> None:
     from oxla.lowering.context import Options
-    from oxla.passes.conv_layout import SUFFIX
+    from oxla.passes.weight_layout import SUFFIX
 
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
@@ -78,3 +78,21 @@ def test_conv_kernels_stored_hwio_give_the_same_result() -> None:
     assert laid_out.params["w" + SUFFIX].shape == (3, 3, 3, 4)
     np.testing.assert_allclose(np.asarray(laid_out({"x": x})["y"]), np.asarray(plain({"x": x})["y"]),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_gemm_weights_stored_kn_give_the_same_result() -> None:
+    from oxla.lowering.context import Options
+    from oxla.passes.weight_layout import KN_SUFFIX
+
+    rng = np.random.default_rng(1)
+    w = numpy_helper.from_array(rng.standard_normal((5, 7)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal((5,)).astype(np.float32), "b")
+    graph = helper.make_graph([helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 7])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [3, 5])], [w, b])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    x = rng.standard_normal((3, 7)).astype(np.float32)
+    laid_out = oxla.CompiledModel(model, Options(layout_weights=True))
+    assert laid_out.params["w" + KN_SUFFIX].shape == (7, 5)
+    np.testing.assert_allclose(np.asarray(laid_out({"x": x})["y"]),
+                               x @ numpy_helper.to_array(w).T + numpy_helper.to_array(b), rtol=1e-5)

@@ -6,7 +6,7 @@ from onnx import ModelProto
 
 from oxla.passes.classify import check_supported
 from oxla.passes.constants import large_constants_to_initializers
-from oxla.passes.conv_layout import conv_weights_to_hwio
+from oxla.passes.weight_layout import conv_weights_to_hwio, gemm_weights_to_kn
 
 
 def prepare(model: ModelProto, *, bake_weights: bool = False, layout_weights: bool = False) -> ModelProto:
@@ -20,4 +20,5 @@ def prepare(model: ModelProto, *, bake_weights: bool = False, layout_weights: bo
         large_constants_to_initializers(model)
         if layout_weights:
             conv_weights_to_hwio(model)
+            gemm_weights_to_kn(model)
     return model

@@ -22,11 +22,14 @@ def mat_mul(cx, a, b):
 def _gemm(cx, a, b, c, alpha: float, beta: float, trans_a: int, trans_b: int):
     cx.expect_rank("A", a, 2)
     cx.expect_rank("B", b, 2)
-    a = a.T if trans_a else a
-    b = b.T if trans_b else b
-    if a.shape[1] != b.shape[0]:
-        raise cx.fail(f"op(A) {a.shape} and op(B) {b.shape} do not share the inner dimension")
-    y = jnp.matmul(a, b, precision=HIGHEST)
+    ka, kb = (0 if trans_a else 1), (1 if trans_b else 0)
+    if a.shape[ka] != b.shape[kb]:
+        op_a = a.shape[::-1] if trans_a else a.shape
+        op_b = b.shape[::-1] if trans_b else b.shape
+        raise cx.fail(f"op(A) {op_a} and op(B) {op_b} do not share the inner dimension")
+    # contract in place: a materialized b.T costs a copy of the weights on every call on CPU
+    y = lax.dot_general(a, b, (((ka,), (kb,)), ((), ())), precision=HIGHEST,
+                        preferred_element_type=None)
     if alpha != 1.0:
         y = y * jnp.asarray(alpha, y.dtype)
     if c is None:

@@ -1,0 +1,87 @@
+"""WeightLayoutPass: weights stored once in the layout XLA:CPU computes with.
+
+- Conv kernels as HWIO, turned back by a Transpose node. Given OIHW kernels as parameters,
+  XLA:CPU copies every kernel on every call (ResNet-50 batch 1: 57 transpose fusions, ~2x the
+  latency); stored as HWIO, the Transpose folds into the convolution's dimension numbers.
+- Gemm's B with transB=1 (what torch.nn.Linear exports) stored as (K, N) with transB=0: a (K, N)
+  right operand ran 1.5x faster than contracting a (N, K) one at batch 8 on this CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from onnx import GraphProto, ModelProto, NodeProto, helper, numpy_helper
+
+from oxla.dtypes import is_float
+from oxla.lowering.interpreter import node_reads
+
+SUFFIX = "__oxla_hwio"
+KN_SUFFIX = "__oxla_kn"
+
+
+def _only_read_as(graph: GraphProto, wanted: Callable[[NodeProto], bool], index: int) -> set[str]:
+    """Initializer names read only as input `index` of nodes `wanted` accepts (and not fed)."""
+    slot: set[str] = set()
+    other: set[str] = {o.name for o in graph.output} | {i.name for i in graph.input}
+    for node in graph.node:
+        for name in node_reads(node):
+            if wanted(node) and len(node.input) > index and name == node.input[index] \
+                    and list(node.input).count(name) == 1:
+                slot.add(name)
+            else:
+                other.add(name)
+    return slot - other
+
+
+def _onnx(node: NodeProto, op_type: str) -> bool:
+    return node.op_type == op_type and node.domain in ("", "ai.onnx")
+
+
+def conv_weights_to_hwio(model: ModelProto) -> int:
+    """Re-lay out float initializers read only as Conv's W input; returns how many."""
+    graph = model.graph
+    conv_w = _only_read_as(graph, lambda n: _onnx(n, "Conv"), 1)
+    moved = []
+    for tensor in graph.initializer:
+        name = tensor.name
+        if name not in conv_w or len(tensor.dims) < 3:
+            continue
+        value = numpy_helper.to_array(tensor)
+        if not is_float(value.dtype):
+            continue
+        r = value.ndim
+        hwio = np.ascontiguousarray(np.transpose(value, (*range(2, r), 1, 0)))
+        tensor.CopyFrom(numpy_helper.from_array(hwio, name + SUFFIX))
+        moved.append(helper.make_node("Transpose", [name + SUFFIX], [name], name=name + "_to_oihw",
+                                      perm=[r - 1, r - 2, *range(r - 2)]))
+    if moved:
+        nodes = list(graph.node)
+        del graph.node[:]
+        graph.node.extend(moved + nodes)
+    return len(moved)
+
+
+def _attr(node: NodeProto, name: str, default: int) -> int:
+    return next((int(a.i) for a in node.attribute if a.name == name), default)
+
+
+def gemm_weights_to_kn(model: ModelProto) -> int:
+    """Transpose float initializers read only as Gemm's B with transB=1; returns how many."""
+    graph = model.graph
+    weights = _only_read_as(graph, lambda n: _onnx(n, "Gemm") and _attr(n, "transB", 0) == 1, 1)
+    renamed = {}
+    for tensor in graph.initializer:
+        if tensor.name in weights and len(tensor.dims) == 2:
+            value = numpy_helper.to_array(tensor)
+            if is_float(value.dtype):
+                renamed[tensor.name] = tensor.name + KN_SUFFIX
+                tensor.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(value.T), renamed[tensor.name]))
+    for node in graph.node:
+        if _onnx(node, "Gemm") and len(node.input) > 1 and node.input[1] in renamed:
+            node.input[1] = renamed[node.input[1]]
+            for a in node.attribute:
+                if a.name == "transB":
+                    a.i = 0
+    return len(renamed)
