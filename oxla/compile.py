@@ -290,7 +290,7 @@ class CompiledModel:
             if not name:
                 continue
             value = scope.get(name)
-            if isinstance(value, np.ndarray) and value.dtype == object:
+            if _host_only(value):
                 env[name] = value
                 keyed.append((name, _value_key(value)))
             else:
@@ -312,9 +312,10 @@ def _fast_key(inputs: Mapping[str, Any]) -> Any:
 
 
 def _host_only(value: Value) -> bool:
+    """Strings and maps live on the host: static, and cache keys hold their values."""
     if isinstance(value, list):
         return any(_host_only(v) for v in value)
-    return isinstance(value, np.ndarray) and value.dtype == object
+    return isinstance(value, dict) or (isinstance(value, np.ndarray) and value.dtype == object)
 
 
 def _to_device(value: Value) -> Value:
@@ -334,6 +335,10 @@ def _spec(value: Value) -> Any:
 
 
 def _value_key(value: Any) -> Any:
+    if isinstance(value, dict):
+        return ("map", tuple(sorted((str(k), _value_key(v)) for k, v in value.items())))
+    if isinstance(value, list):
+        return ("seq", tuple(_value_key(v) for v in value))
     arr = np.asarray(value)
     if arr.dtype == object:
         return (arr.shape, tuple(str(v) for v in arr.ravel()))

@@ -156,8 +156,8 @@ def _check_value(name: str, value: Any, tp: TypeProto) -> Any:
 
 
 def _to_numpy(value: Any) -> Any:
-    if value is None:
-        return None
+    if value is None or isinstance(value, dict):  # maps (ai.onnx.ml) stay Python dicts
+        return value
     if isinstance(value, list | tuple):
         return [_to_numpy(v) for v in value]
     return np.asarray(value)

@@ -11,13 +11,14 @@ from onnx import TypeProto, helper
 from oxla.dtypes import to_onnx_type
 
 # A value is a tensor (np.ndarray: static; jax.Array or tracer: traced), a sequence (list of
-# tensors), or None (an absent optional input or an empty optional).
+# tensors), a map (dict, ai.onnx.ml only, always static on the host), or None (an absent
+# optional input or an empty optional).
 Value = Any
 
 
 def is_static(value: Value) -> bool:
     """Known while tracing: numpy arrays, None, and sequences of static values."""
-    if value is None or isinstance(value, np.ndarray | np.generic):
+    if value is None or isinstance(value, np.ndarray | np.generic | dict):
         return True
     if isinstance(value, list):
         return all(is_static(v) for v in value)
@@ -33,7 +34,7 @@ def is_concrete(value: Value) -> bool:
 
 def to_static(value: Value) -> Value:
     """Turn a concrete result into numpy (recursively for sequences and tuples)."""
-    if value is None or isinstance(value, np.ndarray):
+    if value is None or isinstance(value, np.ndarray | dict):
         return value
     if isinstance(value, list):
         return [to_static(v) for v in value]
