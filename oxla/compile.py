@@ -171,7 +171,7 @@ class CompiledModel:
             pos = seg.stop + 1
             children = seg.children
 
-    def _lookup(self, env: dict[str, Value], name: str) -> Value:
+    def _lookup(self, env: Mapping[str, Value], name: str) -> Value:
         if name in env:
             return env[name]
         return self.params[name] if name in self.params else self.constants[name]
@@ -300,7 +300,7 @@ class CompiledModel:
 
 def _fast_key(inputs: Mapping[str, Any]) -> Any:
     """A signature of plain-array feeds (None when a feed needs the general path)."""
-    key = []
+    key: list[tuple[Any, ...]] = []
     for name, value in inputs.items():
         if value is None:
             key.append((name, None))

@@ -182,7 +182,7 @@ def _scan_loop(step: Step, trip: int, v: list[Value]) -> tuple:
         _, v_out, s = step(i, v)
         return (i + 1, v_out), s
 
-    (_, v), scans = lax.scan(f, (jnp.asarray(0, jnp.int64), v), length=trip)
+    (_, v), scans = lax.scan(f, (jnp.asarray(0, jnp.int64), v), length=trip)  # type: ignore[var-annotated]
     return (*v, *scans)
 
 

@@ -8,6 +8,7 @@ import re
 import struct
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import jax.numpy as jnp
 import ml_dtypes
@@ -49,7 +50,7 @@ def _source_coords(how: _Sampling, out_len: int, in_len: int, scale: float, roi:
         return np.zeros_like(y) if width == 1 else y * (in_len - 1) / (width - 1)
     if mode == "asymmetric":
         return y / scale
-    start, end = roi
+    start, end = roi  # type: ignore[misc]  # roi is given for tf_crop_and_resize
     if width == 1:
         return np.full_like(y, 0.5 * (start + end) * (in_len - 1))
     return start * (in_len - 1) + y * (end - start) * (in_len - 1) / (width - 1)
@@ -338,7 +339,7 @@ def _grid_sample(cx, x, grid, mode: str, padding: str, align: bool):
     if mode != "nearest":
         flat_x = flat_x.astype(wide)
     strides = [math.prod(spatial[k + 1:]) for k in range(nd)]
-    total = 0
+    total: Any = 0
     for combo in itertools.product(*axes):
         index = sum(i * s for (i, _, _), s in zip(combo, strides))
         weight = math.prod(w for _, w, _ in combo)
@@ -500,7 +501,7 @@ def _unfilter_png(raw: np.ndarray, height: int, stride: int, bpp: int) -> np.nda
     for y in range(height):
         kind, row = rows[y, 0], rows[y, 1:].copy()
         if kind == 1:
-            row = np.cumsum(row.reshape(-1, bpp), axis=0).reshape(-1) % 256
+            row = (np.cumsum(row.reshape(-1, bpp), axis=0).reshape(-1) % 256).astype(np.int32)
         elif kind == 2:
             row = (row + prior) % 256
         elif kind in (3, 4):
@@ -519,7 +520,9 @@ def _unfilter_png(raw: np.ndarray, height: int, stride: int, bpp: int) -> np.nda
 
 
 def _decode_png(data: bytes) -> np.ndarray:
-    pos, idat, palette, header = 8, b"", None, None
+    pos, idat = 8, b""
+    palette: np.ndarray | None = None
+    header: tuple[int, ...] | None = None
     while pos + 8 <= len(data):
         size, kind = struct.unpack(">I4s", data[pos:pos + 8])
         body, pos = data[pos + 8:pos + 8 + size], pos + 12 + size
@@ -529,13 +532,19 @@ def _decode_png(data: bytes) -> np.ndarray:
             palette = np.frombuffer(body, np.uint8).reshape(-1, 3)
         elif kind == b"IDAT":
             idat += body
+    if header is None:
+        raise _Unsupported("PNG without an IHDR chunk")
     width, height, depth, color, _, _, interlace = header
     channels = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}[color]
     if depth != 8 or interlace:
         raise _Unsupported(f"PNG with bit depth {depth} or interlacing is not supported")
     raw = np.frombuffer(zlib.decompress(idat), np.uint8)
     pixels = _unfilter_png(raw, height, width * channels, channels).reshape(height, width, channels)
-    return palette[pixels[..., 0]] if color == 3 else pixels
+    if color == 3:
+        if palette is None:
+            raise _Unsupported("palette PNG without a PLTE chunk")
+        return palette[pixels[..., 0]]
+    return pixels
 
 
 def _decode_bmp(data: bytes) -> np.ndarray:
@@ -551,9 +560,12 @@ def _decode_bmp(data: bytes) -> np.ndarray:
 
 
 def _decode_pnm(data: bytes) -> np.ndarray:
-    fields, pos = [], 2
+    fields: list[int] = []
+    pos = 2
     while len(fields) < 3:
         m = _PNM_FIELD.match(data, pos)
+        if m is None:
+            raise _Unsupported("malformed PNM header")
         fields.append(int(m.group(2)))
         pos = m.end()
     width, height, top = fields

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from oxla.lowering.registry import rule
@@ -58,7 +60,7 @@ def cast_map(cx, x, *, cast_to="TO_FLOAT", map_form="DENSE", max_map=1):
         raise cx.fail(f"cast_to must be TO_FLOAT, TO_INT64 or TO_STRING, got '{cast_to}'")
     keys = sorted(int(k) for k in x)
 
-    def cast(v: object) -> object:
+    def cast(v: Any) -> Any:
         return str(v) if dtype is object else dtype(float(v))  # type: ignore[operator]
 
     if map_form == "DENSE":

@@ -60,7 +60,7 @@ class Forest:
 
 
 def _votes(n_nodes: int, targets: int, node: Sequence[int], target: Sequence[int],
-           weight: Sequence[float]) -> tuple[np.ndarray, ...]:
+           weight: Sequence[float] | np.ndarray) -> tuple[np.ndarray, ...]:
     """Per-(node, target) sum, min, max and presence of the leaf weights."""
     w = np.zeros((n_nodes, targets))
     low = np.full((n_nodes, targets), np.inf)
@@ -123,7 +123,7 @@ def descend(cx, forest: Forest, x: Any) -> Any:
         v = jnp.take_along_axis(x, feature[at], axis=1)
         th, m = threshold[at], mode[at]
         tests = {0: v <= th, 1: v < th, 2: v >= th, 3: v > th, 4: v == th, 5: v != th}
-        if MEMBER in modes:
+        if MEMBER in modes and members is not None:
             tests[MEMBER] = jnp.any(v[..., None] == members[at], axis=-1)
         go = tests[modes[0]] if len(modes) == 1 else jnp.select(
             [m == k for k in modes], [tests[k] for k in modes], False)

@@ -8,6 +8,7 @@ states [batch, dirs, H].
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,6 +37,10 @@ _ACTIVATIONS: dict[str, tuple[Callable[[Any, Any, Any], Any], float | None, floa
 }
 
 
+
+def _apply(f: Any, alpha: Any, beta: Any, x: Any) -> Any:
+    return f(x, alpha, beta)
+
 def _activations(cx, names: Sequence[str] | None, alphas: Sequence[float] | None,
                  betas: Sequence[float] | None, defaults: tuple[str, ...], dirs: int) -> list[list[Act]]:
     """Per direction, the activation functions (alpha/beta lists are consumed in order)."""
@@ -56,7 +61,7 @@ def _activations(cx, names: Sequence[str] | None, alphas: Sequence[float] | None
             alpha = alphas.pop(0)
         if beta is not None and betas:
             beta = betas.pop(0)
-        acts.append(lambda x, f=f, a=alpha, b=beta: f(x, a, b))
+        acts.append(functools.partial(_apply, f, alpha, beta))
     k = len(defaults)
     return [acts[d * k:(d + 1) * k] for d in range(dirs)]
 
@@ -87,7 +92,7 @@ def _recur(cell: Cell, xw: Any, init: tuple, mask: Any, reverse: bool) -> tuple[
         new = tuple(jnp.where(m_t, n, c) for n, c in zip(new, carry))
         return new, jnp.where(m_t, new[0], 0)
 
-    final, y = lax.scan(step, init, (xw, mask), reverse=reverse)
+    final, y = lax.scan(step, init, (xw, mask), reverse=reverse)  # type: ignore[var-annotated]
     if mask is not None:
         # A sequence of length 0 ends in zero states, not its initial ones (as onnxruntime does).
         final = tuple(jnp.where(mask.any(axis=0), s, 0) for s in final)
