@@ -73,12 +73,13 @@ def rule_failure(node: NodeRef, inputs: Sequence[object], cause: BaseException) 
     return LoweringError(f"{node.describe()}: {text} (inputs: {shapes or 'none'})")
 
 
-def unsupported_ops(gaps: Iterable[tuple[str, str, int, str]]) -> UnsupportedOpError:
-    """One error listing every (domain, op, opset) oxla cannot run, with the first node of each."""
-    lines = [
-        f"  {domain or 'ai.onnx'}::{op} at opset {opset} (node '{node}')"
-        for domain, op, opset, node in sorted(set(gaps))
-    ]
+def unsupported_ops(gaps: Iterable[tuple[str, ...]]) -> UnsupportedOpError:
+    """One error listing every (domain, op, opset, node[, reason]) oxla cannot run."""
+    lines = []
+    for gap in sorted(set(gaps)):
+        domain, op, opset, node = gap[:4]
+        why = f": {gap[4]}" if len(gap) > 4 and gap[4] else ""
+        lines.append(f"  {domain or 'ai.onnx'}::{op} at opset {opset} (node '{node}'){why}")
     return UnsupportedOpError(
         "The model uses operators oxla cannot run (no lowering rule and no function body):\n"
         + "\n".join(lines)

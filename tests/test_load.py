@@ -144,3 +144,13 @@ def test_ir3_initializer_can_be_overridden_by_a_feed() -> None:
     sess = oxla.InferenceSession(model.SerializeToString())
     (y,) = sess.run(None, {"x": np.zeros(64, np.float32), "w": np.ones(64, np.float32)})
     np.testing.assert_array_equal(y, np.ones(64, np.float32))
+
+
+def test_unsupported_old_schema_gives_its_reason() -> None:
+    m = onnx.parser.parse_model("""
+        <ir_version: 3, opset_import: ["" : 5]>
+        g (float[2, 1, 3] x, float[1, 12, 3] w, float[1, 12, 4] r) => (float[2, 1, 1, 4] y) {
+            y = GRU <hidden_size: int = 4> (x, w, r) }
+    """)
+    with pytest.raises(UnsupportedOpError, match=r"ai.onnx::GRU at opset 5 .*onnx.version_converter"):
+        oxla.InferenceSession(m.SerializeToString())

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from onnx import AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto
 
 from oxla.errors import unsupported_ops
-from oxla.lowering import schemas
+from oxla.lowering import schemas, unsupported
 from oxla.lowering.interpreter import model_opsets
 from oxla.lowering.registry import canonical_domain, lookup
 
@@ -89,10 +89,15 @@ def classify(model: ModelProto) -> list[OpUse]:
     return [OpUse(d, o, v, e[0], e[1], e[2], e[3]) for (d, o, v), e in sorted(uses.items())]
 
 
+def _reason(use: OpUse) -> str:
+    schema = schemas.get_schema(use.op_type, use.opset, use.domain) if use.opset else None
+    return (unsupported.reason(use.domain, use.op_type, schema.since_version) or "") if schema else ""
+
+
 def check_supported(model: ModelProto) -> list[OpUse]:
     """classify(), raising one UnsupportedOpError that lists every gap."""
     uses = classify(model)
-    gaps = [(u.domain, u.op_type, u.opset, u.first_node) for u in uses if u.kind == UNSUPPORTED]
+    gaps = [(u.domain, u.op_type, u.opset, u.first_node, _reason(u)) for u in uses if u.kind == UNSUPPORTED]
     if gaps:
         raise unsupported_ops(gaps)
     return uses
