@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 class OxlaError(Exception):
@@ -73,7 +74,7 @@ def rule_failure(node: NodeRef, inputs: Sequence[object], cause: BaseException) 
     return LoweringError(f"{node.describe()}: {text} (inputs: {shapes or 'none'})")
 
 
-def unsupported_ops(gaps: Iterable[tuple[str, ...]]) -> UnsupportedOpError:
+def unsupported_ops(gaps: Iterable[tuple[Any, ...]]) -> UnsupportedOpError:
     """One error listing every (domain, op, opset, node[, reason]) oxla cannot run."""
     lines = []
     for gap in sorted(set(gaps)):
