@@ -2,16 +2,19 @@
 
     python -m benchmarks.run [--models resnet50,bert,mlp] [--runs 20] [--write docs/benchmarks.md]
 
-Each configuration is timed in alternating blocks of oxla and onnxruntime calls (after warm-up) so
+Each configuration runs in its own process and is timed in alternating blocks of oxla and onnxruntime calls (after warm-up) so
 that load from other processes hits both alike; the reported latency is the median of --runs calls.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -129,19 +132,50 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def _in_child(key: str, batch: int, runs: int, bake: bool) -> Result:
+    """Each configuration in a fresh process: earlier models' memory and threads stay out of it."""
+    cmd = [sys.executable, "-m", "benchmarks.run", "--runs", str(runs), "--one", key, str(batch),
+           "1" if bake else "0"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                          cwd=Path(__file__).resolve().parent.parent)
+    if proc.returncode != 0:
+        raise SystemExit(f"benchmark {key} b{batch} failed:\n{proc.stderr[-2000:]}")
+    return Result(**json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def write_section(path: Path, title: str, body: str) -> None:
+    """Replace (or add) the `## title` section of a markdown file, keeping the other sections."""
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    head = f"## {title}\n"
+    start = text.find(head)
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + head + "\n" + body
+    else:
+        end = text.find("\n## ", start + len(head))
+        text = text[:start] + head + "\n" + body + ("" if end < 0 else "\n" + text[end + 1:])
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--models", default="resnet50,bert,mlp")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--bake", action="store_true", help="also measure weights baked as constants")
     parser.add_argument("--write", help="write the results as markdown to this file")
+    parser.add_argument("--one", nargs=3, metavar=("MODEL", "BATCH", "BAKE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.one:  # a child process: one configuration, the result as JSON on the last line
+        r, _ = bench(args.one[0], int(args.one[1]), args.runs, args.one[2] == "1")
+        print(json.dumps(dataclasses.asdict(r)))
+        return 0
     results: list[Result] = []
     for key in args.models.split(","):
+        model_path(key)
         for batch in CONFIGS[key].batches:
-            ort_sess = None
             for bake in (False, True) if args.bake else (False,):
-                r, ort_sess = bench(key, batch, args.runs, bake, ort_sess)
+                r = _in_child(key, batch, args.runs, bake)
                 results.append(r)
                 print(f"{r.model} b{r.batch} {r.variant}: oxla {r.oxla_ms:.2f} ms, onnxruntime "
                       f"{r.ort_ms:.2f} ms, ratio {r.ratio:.2f}x, first call {r.oxla_first_s:.2f} s", flush=True)
@@ -155,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         header = (f"Command: `{command}`\n\nMachine: {platform.processor() or platform.machine()}, "
                   f"{os.cpu_count()} cores; jax {jax.__version__}, onnxruntime {onnxruntime.__version__}, "
                   f"onnx {onnx.__version__}. Median of {args.runs} calls each, in alternating blocks, after warm-up.\n\n")
-        Path(args.write).write_text(header + text + "\n")
+        write_section(Path(args.write), "Inference", header + text + "\n")
     return 0
 
 
