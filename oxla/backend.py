@@ -15,6 +15,7 @@ from oxla.compile import CompiledModel
 from oxla.dtypes import to_onnx_type
 from oxla.load import load_model
 from oxla.lowering.context import Options
+from oxla.lowering.values import to_host
 
 
 class OxlaRep(BackendRep):
@@ -34,15 +35,8 @@ class OxlaRep(BackendRep):
         for name in names:
             feeds.setdefault(name, None)
         results = self.compiled(feeds)
-        return tuple(_to_numpy(results[n]) for n in self.compiled.output_names)
+        return tuple(to_host(results[n]) for n in self.compiled.output_names)
 
-
-def _to_numpy(value: Any) -> Any:
-    if value is None or isinstance(value, dict):  # maps (ai.onnx.ml) stay Python dicts
-        return value
-    if isinstance(value, list | tuple):
-        return [_to_numpy(v) for v in value]
-    return np.asarray(value)
 
 
 class OxlaBackend(Backend):

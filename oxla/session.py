@@ -15,6 +15,7 @@ from oxla.dtypes import to_numpy_dtype, type_name
 from oxla.errors import InputError
 from oxla.load import load_model
 from oxla.lowering.context import Options
+from oxla.lowering.values import to_host
 
 _ORT_TYPE_NAMES = {
     "float32": "float", "float64": "double", "object": "string", "bool": "bool",
@@ -103,7 +104,7 @@ class InferenceSession:
             raise InputError(f"unknown output names {unknown}; the model's outputs are "
                              f"{self._compiled.output_names}")
         results = self._compiled(feeds)
-        return [_to_numpy(results[n]) for n in wanted]
+        return [to_host(results[n]) for n in wanted]
 
     def _check_feeds(self, feed: Mapping[str, Any]) -> dict[str, Any]:
         declared = {i.name: i for i in self._inputs}
@@ -154,10 +155,3 @@ def _check_value(name: str, value: Any, tp: TypeProto) -> Any:
             raise InputError(f"input '{name}' must have shape {shown}, got {arr.shape}")
     return arr
 
-
-def _to_numpy(value: Any) -> Any:
-    if value is None or isinstance(value, dict):  # maps (ai.onnx.ml) stay Python dicts
-        return value
-    if isinstance(value, list | tuple):
-        return [_to_numpy(v) for v in value]
-    return np.asarray(value)

@@ -60,3 +60,12 @@ def type_proto(value: Value) -> TypeProto:
         elem = type_proto(value[0]) if value else helper.make_tensor_type_proto(1, None)
         return helper.make_sequence_type_proto(elem)
     return helper.make_tensor_type_proto(to_onnx_type(value.dtype), list(value.shape))
+
+
+def to_host(value: Value) -> Value:
+    """A result as the caller gets it: numpy arrays, lists for sequences, dicts for maps."""
+    if value is None or isinstance(value, dict):
+        return value
+    if isinstance(value, list | tuple):
+        return [to_host(v) for v in value]
+    return np.asarray(value)

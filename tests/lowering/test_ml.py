@@ -9,19 +9,18 @@ import pytest
 from onnx import TensorProto, helper
 
 from oxla.errors import LoweringError
-from tests.lowering.util import node_model, run_onnxruntime, run_oxla, run_reference
+from tests.lowering.util import (
+    node_model,
+    run_onnxruntime,
+    run_oxla,
+    run_reference,
+    strings_as_objects,
+)
 
 ML = "ai.onnx.ml"
 RNG = np.random.default_rng(0)
 X = RNG.standard_normal((5, 4)).astype(np.float32)
 
-
-def _norm(values: list[Any]) -> list[np.ndarray]:
-    out = []
-    for v in values:
-        v = np.asarray(v)
-        out.append(v.astype(object) if v.dtype.kind == "U" else v)
-    return out
 
 
 def check(op: str, inputs: dict[str, np.ndarray], outputs: tuple[str, ...] = ("y",), *,
@@ -29,10 +28,10 @@ def check(op: str, inputs: dict[str, np.ndarray], outputs: tuple[str, ...] = ("y
           atol: float = 1e-6, **attrs: Any) -> list[np.ndarray]:
     """Run one ai.onnx.ml node with oxla and compare with the references that get it right."""
     model = node_model(op, inputs, outputs, domain=ML, opset=opset, **attrs)
-    got = _norm(run_oxla(model, inputs))
+    got = strings_as_objects(run_oxla(model, inputs))
     wants = ([run_reference] if reference else []) + ([run_onnxruntime] if ort else [])
     for run in wants:
-        want = _norm(run(model, inputs))
+        want = strings_as_objects(run(model, inputs))
         assert len(got) == len(want)
         for g, w in zip(got, want):
             assert g.shape == w.shape, (run.__name__, g, w)

@@ -8,26 +8,23 @@ import numpy as np
 import pytest
 
 from oxla.errors import LoweringError
-from tests.lowering.util import node_model, run_onnxruntime, run_oxla, run_reference
-
-
-def _norm(values: list[Any]) -> list[np.ndarray]:
-    """Outputs with numpy str arrays (onnx.reference's) turned into object arrays (ours, ort's)."""
-    out = []
-    for v in values:
-        v = np.asarray(v)
-        out.append(v.astype(object) if v.dtype.kind == "U" else v)
-    return out
+from tests.lowering.util import (
+    node_model,
+    run_onnxruntime,
+    run_oxla,
+    run_reference,
+    strings_as_objects,
+)
 
 
 def check(op: str, inputs: dict[str, np.ndarray], outputs: tuple[str, ...] = ("y",), *,
           reference: bool = True, ort: bool = True, **attrs: Any) -> list[np.ndarray]:
     """Run one node with oxla and compare with the references that get it right."""
     model = node_model(op, inputs, outputs, **attrs)
-    got = _norm(run_oxla(model, inputs))
+    got = strings_as_objects(run_oxla(model, inputs))
     wants = ([run_reference] if reference else []) + ([run_onnxruntime] if ort else [])
     for run in wants:
-        want = _norm(run(model, inputs))
+        want = strings_as_objects(run(model, inputs))
         assert len(got) == len(want)
         for g, w in zip(got, want):
             assert g.shape == w.shape and g.dtype == w.dtype, (g, w)

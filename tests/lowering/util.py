@@ -46,6 +46,15 @@ def run_onnxruntime(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray | Non
     return sess.run(None, {k: v for k, v in feeds.items() if v is not None})
 
 
+def strings_as_objects(values: Sequence[Any]) -> list[np.ndarray]:
+    """Outputs with numpy str arrays (onnx.reference's) turned into object arrays (oxla's, ort's)."""
+    out = []
+    for v in values:
+        v = np.asarray(v)
+        out.append(v.astype(object) if v.dtype.kind == "U" else v)
+    return out
+
+
 def assert_close(got: Sequence[Any], want: Sequence[Any], rtol: float = 1e-5, atol: float = 1e-6) -> None:
     assert len(got) == len(want), f"{len(got)} outputs, want {len(want)}"
     for g, w in zip(got, want):

@@ -110,11 +110,7 @@ _variadic("Mean", jnp.add, mean=True)
 @rule("Clip", since=1)
 def clip_v1(cx, x, *, consumed_inputs=None, max=None, min=None):
     """Clip with optional attribute bounds (v1-v5)."""
-    if min is not None:
-        x = jnp.maximum(x, jnp.asarray(min, x.dtype))
-    if max is not None:
-        x = jnp.minimum(x, jnp.asarray(max, x.dtype))
-    return x
+    return ew.clip(cx, x, min, max)
 
 
 @rule("PRelu", since=1)
