@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from oxla import training
+from oxla.cache import enable_compilation_cache
 from oxla.compile import CompiledModel, compile
 from oxla.errors import (
     InputError,
@@ -32,6 +33,7 @@ __all__ = [
     "TrainingSession",
     "UnsupportedOpError",
     "compile",
+    "enable_compilation_cache",
     "load_model",
     "training",
 ]

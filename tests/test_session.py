@@ -118,3 +118,18 @@ def test_pure_function_is_jittable_and_differentiable() -> None:
 
     grad = jax.jit(jax.grad(loss, argnums=1))(compiled.params, x)
     np.testing.assert_array_equal(np.asarray(grad), (X > 0).astype(np.float32))
+
+
+def test_persistent_compilation_cache_is_written(tmp_path: Path) -> None:
+    code = (
+        "import numpy as np, onnx, oxla, sys\n"
+        f"oxla.enable_compilation_cache({str(tmp_path / 'cache')!r})\n"
+        "m = onnx.load_from_string(sys.stdin.buffer.read())\n"
+        "print(oxla.InferenceSession(m).run(None, {'x': np.ones((2, 3), np.float32),"
+        " 'b': np.ones(3, np.float32)})[0].sum())\n"
+    )
+    for _ in range(2):  # the second process reads what the first wrote
+        proc = subprocess.run([sys.executable, "-c", code], input=MODEL.SerializeToString(),
+                              capture_output=True, check=True)
+        assert float(proc.stdout) == 12.0
+    assert any((tmp_path / "cache").iterdir())
