@@ -3,7 +3,7 @@
     python -m benchmarks.run [--models resnet50,bert,mlp] [--runs 20] [--write docs/benchmarks.md]
 
 Each configuration runs in its own process and is timed in alternating blocks of oxla and onnxruntime calls (after warm-up) so
-that load from other processes hits both alike; the reported latency is the median of --runs calls.
+that load from other processes hits both alike; the reported latency is the median of --runs calls (or ~1 s worth, if more).
 """
 
 from __future__ import annotations
@@ -107,12 +107,12 @@ def bench(key: str, batch: int, runs: int, bake: bool, ort_sess: Any = None) -> 
     if ort_sess is None:
         ort_sess, ort_load = _timed(lambda: ort.InferenceSession(path, providers=["CPUExecutionProvider"]))
     want, ort_first = _timed(lambda: ort_sess.run(None, feeds))
-    for _ in range(3):
-        sess.run(None, feeds)
-        ort_sess.run(None, feeds)
+    warm = [_timed(lambda: sess.run(None, feeds))[1] + _timed(lambda: ort_sess.run(None, feeds))[1]
+            for _ in range(3)]
+    runs = max(runs, min(2000, int(2.0 / min(warm))))  # fast models: >= ~1 s of calls per side
     ox_times: list[float] = []
     ort_times: list[float] = []
-    block = max(1, runs // 4)  # blocks, not single alternation: onnxruntime's threads spin on
+    block = max(1, runs // 8)  # blocks, not single alternation: onnxruntime's threads spin on
     while len(ox_times) < runs:  # after a call and would steal the cores from the next oxla call
         ox_times += [_timed(lambda: sess.run(None, feeds))[1] for _ in range(block)]
         ort_times += [_timed(lambda: ort_sess.run(None, feeds))[1] for _ in range(block)]
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         command = "python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:])
         header = (f"Command: `{command}`\n\nMachine: {platform.processor() or platform.machine()}, "
                   f"{os.cpu_count()} cores; jax {jax.__version__}, onnxruntime {onnxruntime.__version__}, "
-                  f"onnx {onnx.__version__}. Median of {args.runs} calls each, in alternating blocks, after warm-up.\n\n")
+                  f"onnx {onnx.__version__}. Median of {args.runs} calls each (more for fast models: about 1 s of calls per side), in alternating blocks, after warm-up.\n\n")
         write_section(Path(args.write), "Inference", header + text + "\n")
     return 0
 
