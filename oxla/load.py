@@ -35,12 +35,14 @@ def load_model(source: ModelSource, *, base_dir: str | os.PathLike[str] | None =
         InvalidModelError: unreadable or malformed file, external data that is missing, short,
             or outside the model's folder.
     """
+    data: bytes | None = None  # the serialized model, when we have it: checking it skips a copy
     if isinstance(source, ModelProto):
         model = ModelProto()
         model.CopyFrom(source)
         label = model.graph.name or "<model>"
     elif isinstance(source, bytes | bytearray | memoryview):
-        model = _parse(bytes(source), "<bytes>")
+        data = bytes(source)
+        model = _parse(data, "<bytes>")
         label = "<bytes>"
     else:
         path = Path(source)
@@ -55,10 +57,12 @@ def load_model(source: ModelSource, *, base_dir: str | os.PathLike[str] | None =
         raise InvalidModelError(f"{label}: the model has no graph (is this an ONNX file?)")
     if model.ir_version <= 0:
         raise InvalidModelError(f"{label}: the model has no ir_version (is this an ONNX file?)")
-    _resolve_external_data(model, None if base_dir is None else Path(base_dir), label)
+    if _resolve_external_data(model, None if base_dir is None else Path(base_dir), label):
+        data = None  # the proto now differs from the file
     if check:
         try:
-            onnx.checker.check_model(model)
+            # the C++ checker takes bytes: serializing a large proto costs more than checking it
+            onnx.checker.check_model(data if data is not None else model)
         except onnx.checker.ValidationError as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else "validation failed"
             if not any(benign in first for benign in BENIGN_CHECKER_ERRORS):
@@ -109,7 +113,9 @@ def _model_tensors(model: ModelProto) -> Iterator[TensorProto]:
         yield from iter_tensors(info.algorithm)
 
 
-def _resolve_external_data(model: ModelProto, base_dir: Path | None, label: str) -> None:
+def _resolve_external_data(model: ModelProto, base_dir: Path | None, label: str) -> int:
+    """Read every external tensor into the proto; returns how many there were."""
+    count = 0
     for tensor in _model_tensors(model):
         if tensor.data_location != TensorProto.EXTERNAL:
             continue
@@ -123,6 +129,8 @@ def _resolve_external_data(model: ModelProto, base_dir: Path | None, label: str)
         tensor.raw_data = read_external(base_dir, name, info)
         del tensor.external_data[:]
         tensor.data_location = TensorProto.DEFAULT
+        count += 1
+    return count
 
 
 def read_external(base_dir: Path, name: str, info: dict[str, str]) -> bytes:
