@@ -203,7 +203,9 @@ def cmd_info(args: argparse.Namespace) -> int:
         interp = sess.compiled.interpreter
         print(f"\nran once: {stats.compiles} XLA computation(s), {stats.host_steps} host step(s)"
               + (f" at {sorted(stats.host_nodes)}" if stats.host_nodes else ""))
+        native = sorted({f"{d or 'ai.onnx'}::{o}" for d, o, _ in interp.native})
         expanded = sorted({f"{d or 'ai.onnx'}::{o}" for d, o, _ in interp.expanded})
+        print(f"ran native: {', '.join(native) or 'none'}")
         print(f"expanded from function bodies: {', '.join(expanded) or 'none'}")
     return 0
 
