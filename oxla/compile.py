@@ -33,10 +33,8 @@ SHAPE_ONLY_OPS = frozenset({"Shape", "Size"})
 class _Segment:
     """A run of nodes compiled as one XLA computation, ended by a host step (or the graph end)."""
 
-    start: int
     stop: int | None = None
     inputs: tuple[str, ...] = ()
-    outputs: tuple[str, ...] = ()
     statics: dict[str, Value] = field(default_factory=dict)
     compiled: Any = None
     children: dict[Any, _Segment] = field(default_factory=dict)
@@ -44,7 +42,7 @@ class _Segment:
 
 @dataclass
 class RunStats:
-    """What the last calls did: segments run, host steps, compiles."""
+    """Counts since the model was compiled: XLA compiles, segments run, host steps."""
 
     compiles: int = 0
     host_steps: int = 0
@@ -91,6 +89,7 @@ class CompiledModel:
         self._reads = [node_reads(n) for n in self.nodes]
         self._producer = {o: i for i, n in enumerate(self.nodes) for o in n.output if o}
         self._live: dict[int, frozenset[str]] = {}
+        self._live_in_cache: dict[int, tuple[str, ...]] = {}
         self._roots: dict[Any, _Segment] = {}
         self._fast: dict[Any, _Segment] = {}
         self._lock = threading.Lock()
@@ -188,17 +187,16 @@ class CompiledModel:
 
     def _live_in(self, pos: int) -> tuple[str, ...]:
         """Values live at `pos` that come from before it: graph inputs and earlier nodes' outputs."""
-        key = -1 - pos
-        cached = self._live.get(key)
+        cached = self._live_in_cache.get(pos)
         if cached is None:
-            cached = frozenset(n for n in self._live_from(pos)
-                               if n not in self.params and n not in self.constants
-                               and self._producer.get(n, -1) < pos)
-            self._live[key] = cached
-        return tuple(sorted(cached))
+            cached = tuple(sorted(n for n in self._live_from(pos)
+                                  if n not in self.params and n not in self.constants
+                                  and self._producer.get(n, -1) < pos))
+            self._live_in_cache[pos] = cached
+        return cached
 
     def _build(self, pos: int, env: dict[str, Value], traced: tuple[str, ...]) -> _Segment:
-        seg = _Segment(pos, inputs=traced)
+        seg = _Segment(inputs=traced)
         env_statics = {n: v for n, v in env.items() if is_static(v)}
         static_env = {**self.constants, **env_statics}
         record: dict[str, Any] = {}
@@ -232,8 +230,7 @@ class CompiledModel:
         seg.stop = record["stop"]
         seg.statics = record["statics"]
         out_tree = lowered.out_info
-        seg.outputs = tuple(out_tree.keys()) if isinstance(out_tree, dict) else ()
-        if seg.outputs:
+        if isinstance(out_tree, dict) and out_tree:  # a segment with no traced outputs needs no XLA
             seg.compiled = lowered.compile()
             self.stats.compiles += 1
         return seg
