@@ -172,7 +172,7 @@ def _compare(args: argparse.Namespace, feeds: dict[str, Any], outputs: list[Any]
 
 def cmd_info(args: argparse.Namespace) -> int:
     from oxla.load import load_model
-    from oxla.passes.classify import classify
+    from oxla.passes.classify import FUNCTION, NATIVE, classify
     from oxla.session import InferenceSession
 
     model = load_model(args.model)
@@ -200,11 +200,11 @@ def cmd_info(args: argparse.Namespace) -> int:
 
         sess.run(None, random_feeds(model))
         stats = sess.compiled.stats
-        interp = sess.compiled.interpreter
+        ran = sess.compiled.interpreter.ran
         print(f"\nran once: {stats.compiles} XLA computation(s), {stats.host_steps} host step(s)"
               + (f" at {sorted(stats.host_nodes)}" if stats.host_nodes else ""))
-        native = sorted({f"{d or 'ai.onnx'}::{o}" for d, o, _ in interp.native})
-        expanded = sorted({f"{d or 'ai.onnx'}::{o}" for d, o, _ in interp.expanded})
+        native = sorted({f"{d or 'ai.onnx'}::{o}" for k, d, o, _ in ran if k == NATIVE})
+        expanded = sorted({f"{d or 'ai.onnx'}::{o}" for k, d, o, _ in ran if k == FUNCTION})
         print(f"ran native: {', '.join(native) or 'none'}")
         print(f"expanded from function bodies: {', '.join(expanded) or 'none'}")
     return 0

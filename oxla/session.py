@@ -7,12 +7,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 import numpy as np
 from onnx import ModelProto, TypeProto, ValueInfoProto
 
 from oxla.compile import CompiledModel
 from oxla.dtypes import to_numpy_dtype, type_name
-from oxla.errors import InputError
+from oxla.errors import InputError, OxlaError
 from oxla.load import load_model
 from oxla.lowering.context import Options
 from oxla.lowering.values import to_host
@@ -75,6 +76,8 @@ class InferenceSession:
         inputs = {i.name: i for i in graph.input}
         self._inputs = [inputs[name] for name in self._compiled.input_names]
         self._outputs = list(graph.output)
+        self._output_index = {name: i for i, name in enumerate(self._compiled.output_names)}
+        self._fast = tuple(_fast_check(i) for i in self._inputs)
 
     @property
     def compiled(self) -> CompiledModel:
@@ -97,14 +100,43 @@ class InferenceSession:
             InputError: an unknown or missing input, or a feed whose dtype or shape does not match
                 the model's declaration.
         """
+        values = self._fast_feeds(input_feed)
+        if values is not None:
+            outs = self._compiled.run_fast(values)
+            if outs is not None:
+                if not output_names:
+                    return [to_host(v) for v in outs]
+                return [to_host(outs[self._index(n)]) for n in output_names]
         feeds = self._check_feeds(input_feed)
         wanted = list(output_names) if output_names else self._compiled.output_names
-        unknown = [n for n in wanted if n not in self._compiled.output_names]
-        if unknown:
-            raise InputError(f"unknown output names {unknown}; the model's outputs are "
-                             f"{self._compiled.output_names}")
+        for name in wanted:
+            self._index(name)
         results = self._compiled(feeds)
         return [to_host(results[n]) for n in wanted]
+
+    def _index(self, name: str) -> int:
+        try:
+            return self._output_index[name]
+        except (KeyError, TypeError):
+            raise InputError(f"unknown output name {name!r}; the model's outputs are "
+                             f"{self._compiled.output_names}") from None
+
+    def _fast_feeds(self, feed: Any) -> list[Any] | None:
+        """The feeds in input order when each is an array matching its declaration exactly."""
+        if not isinstance(feed, dict) or len(feed) != len(self._fast):
+            return None
+        values = []
+        for name, dtype, rank, dims in self._fast:
+            value = feed.get(name)
+            if not isinstance(value, np.ndarray | jax.Array) or value.dtype != dtype \
+                    or value.ndim != rank:
+                return None
+            shape = value.shape
+            for axis, size in dims:
+                if shape[axis] != size:
+                    return None
+            values.append(value)
+        return values
 
     def _check_feeds(self, feed: Mapping[str, Any]) -> dict[str, Any]:
         declared = {i.name: i for i in self._inputs}
@@ -122,6 +154,21 @@ class InferenceSession:
         for name in declared:
             out.setdefault(name, None)
         return out
+
+
+def _fast_check(info: ValueInfoProto) -> tuple[str, Any, int, tuple[tuple[int, int], ...]]:
+    """(name, dtype, rank, fixed dims) a plain feed must match; anything else takes the checks."""
+    tp = info.type
+    if tp.WhichOneof("value") != "tensor_type" or not tp.tensor_type.HasField("shape") \
+            or not tp.tensor_type.elem_type:
+        return (info.name, None, -1, ())  # never matches: the general path checks it
+    try:
+        dtype = to_numpy_dtype(tp.tensor_type.elem_type)
+    except OxlaError:
+        return (info.name, None, -1, ())
+    dims = _shape_of(tp)
+    fixed = tuple((i, d) for i, d in enumerate(dims) if isinstance(d, int) and d > 0)
+    return (info.name, dtype, len(dims), fixed)
 
 
 def _optional(tp: TypeProto) -> bool:

@@ -1,19 +1,20 @@
-"""What a rule may see: its node, the opset, static values, subgraphs and the compile options."""
+"""What a rule may see: its node, the opset, static values, subgraphs and the compile options.
+
+Rules get a Context and nothing else: no interpreter, no scope. Running a subgraph, asking for a
+static value or breaking the graph all go through its methods.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, NoReturn, Protocol
 
 import numpy as np
 from onnx import GraphProto, NodeProto
 
 from oxla.errors import LoweringError, NodeRef, ShapeError, describe_value
 from oxla.lowering.values import Value, is_static
-
-if TYPE_CHECKING:
-    from oxla.lowering.interpreter import Interpreter, Scope
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class Options:
 
 
 class NeedStatic(Exception):
-    """A rule needs the concrete value of a traced input: the interpreter breaks the graph here."""
+    """A rule needs the concrete value of a traced input: the executor breaks the graph here."""
 
     def __init__(self, node: NodeRef, what: str, value_name: str | None) -> None:
         super().__init__(f"{node.describe()}: {what} must be known at compile time")
@@ -35,16 +36,61 @@ class NeedStatic(Exception):
         self.value_name = value_name
 
 
-@dataclass
+class Scope:
+    """Name -> value, with the enclosing graph's scope as parent (subgraphs see outer values)."""
+
+    __slots__ = ("parent", "values")
+
+    def __init__(self, parent: Scope | None = None, values: Mapping[str, Value] | None = None) -> None:
+        self.values: dict[str, Value] = dict(values) if values else {}
+        self.parent = parent
+
+    def get(self, name: str) -> Value:
+        scope: Scope | None = self
+        while scope is not None:
+            if name in scope.values:
+                return scope.values[name]
+            scope = scope.parent
+        raise KeyError(name)
+
+    def __contains__(self, name: str) -> bool:
+        scope: Scope | None = self
+        while scope is not None:
+            if name in scope.values:
+                return True
+            scope = scope.parent
+        return False
+
+    def set(self, name: str, value: Value) -> None:
+        self.values[name] = value
+
+
+class Runner(Protocol):
+    """What a Context needs from whoever runs the graph (the interpreter)."""
+
+    options: Options
+
+    def run_graph(self, graph: GraphProto, inputs: Sequence[Value], outer: Scope | None,
+                  opsets: Mapping[str, int]) -> list[Value]: ...
+
+    def run_nodes(self, nodes: Sequence[NodeProto], scope: Scope, opsets: Mapping[str, int],
+                  graph: Sequence[NodeProto] | None = None) -> None: ...
+
+
 class Context:
     """Passed as `cx` to every rule."""
 
-    node: NodeProto
-    ref: NodeRef
-    interp: Interpreter
-    scope: Scope
-    opsets: dict[str, int]
-    inputs: Sequence[Value]
+    __slots__ = ("_graph", "_runner", "_scope", "inputs", "node", "opsets", "ref")
+
+    def __init__(self, node: NodeProto, ref: NodeRef, inputs: Sequence[Value], opsets: Mapping[str, int],
+                 runner: Runner, scope: Scope, graph: Sequence[NodeProto]) -> None:
+        self.node = node
+        self.ref = ref
+        self.inputs = inputs
+        self.opsets = opsets
+        self._runner = runner
+        self._scope = scope
+        self._graph = graph
 
     @property
     def name(self) -> str:
@@ -56,20 +102,17 @@ class Context:
 
     @property
     def options(self) -> Options:
-        return self.interp.options
+        return self._runner.options
 
     @property
     def num_outputs(self) -> int:
         return len(self.node.output)
 
-    @property
-    def graph_nodes(self) -> Sequence[NodeProto]:
-        """The nodes of the graph (or function body) this node belongs to, in order."""
-        return self.interp.graphs[-1] if self.interp.graphs else (self.node,)
-
     def output_used(self, index: int) -> bool:
         """Whether the node names output `index` (optional outputs may be left out)."""
         return index < len(self.node.output) and bool(self.node.output[index])
+
+    # --- static values and graph breaks -------------------------------------------------------
 
     @staticmethod
     def is_static(value: Value) -> bool:
@@ -86,19 +129,52 @@ class Context:
         """A static 0-D or 1-D integer input as a tuple of Python ints."""
         return tuple(int(v) for v in np.asarray(self.static(value, what)).reshape(-1))
 
+    def break_graph(self, why: str) -> NoReturn:
+        """End the compiled segment before this node: it runs on the host with concrete values."""
+        raise NeedStatic(self.ref, why, None)
+
+    # --- subgraphs and the enclosing graph ----------------------------------------------------
+
     def run_graph(self, graph: GraphProto, inputs: Sequence[Value]) -> list[Value]:
         """Run a subgraph attribute (If/Loop/Scan body) with this node's scope as outer scope."""
-        return self.interp.run_graph(graph, inputs, self.scope, self.opsets)
+        return self._runner.run_graph(graph, inputs, self._scope, self.opsets)
+
+    @property
+    def graph_nodes(self) -> Sequence[NodeProto]:
+        """The nodes of the graph (or function body) this node belongs to, in order."""
+        return self._graph
+
+    def defined(self, name: str) -> bool:
+        """Whether `name` has a value in this node's scope (its graph and enclosing graphs)."""
+        return name in self._scope
+
+    def value(self, name: str) -> Value:
+        """The value `name` has in this node's scope."""
+        try:
+            return self._scope.get(name)
+        except KeyError:
+            raise self.fail(f"value '{name}' is not defined here") from None
+
+    def evaluate(self, nodes: Sequence[NodeProto], bindings: Mapping[str, Value],
+                 names: Sequence[str]) -> list[Value]:
+        """Run `nodes` of this node's graph with `bindings` overriding values; returns `names`."""
+        scope = Scope(self._scope, bindings)
+        self._runner.run_nodes(nodes, scope, self.opsets, self._graph)
+        return [scope.get(n) for n in names]
+
+    # --- errors -------------------------------------------------------------------------------
 
     def fail(self, message: str) -> LoweringError:
         """An error naming this node; the rule raises it."""
         return LoweringError(f"{self.ref.describe()}: {message}")
+
+    def shape_error(self, message: str) -> ShapeError:
+        """A ShapeError naming this node; the rule raises it."""
+        return ShapeError(f"{self.ref.describe()}: {message}")
 
     def expect_rank(self, name: str, value: Value, rank: int | Sequence[int]) -> None:
         """Raise ShapeError unless `value` has one of the given ranks."""
         ranks = (rank,) if isinstance(rank, int) else tuple(rank)
         if len(value.shape) not in ranks:
             want = " or ".join(str(r) for r in ranks)
-            raise ShapeError(
-                f"{self.ref.describe()}: input {name} must have rank {want}, got {describe_value(value)}"
-            )
+            raise self.shape_error(f"input {name} must have rank {want}, got {describe_value(value)}")

@@ -8,14 +8,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from oxla.graph import canonical_domain
+
 RuleFn = Callable[..., Any]
-
-ONNX_DOMAINS = ("", "ai.onnx")
-
-
-def canonical_domain(domain: str) -> str:
-    """'' and 'ai.onnx' are the same domain."""
-    return "" if domain in ONNX_DOMAINS else domain
 
 
 @dataclass(frozen=True)

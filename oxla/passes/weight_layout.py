@@ -15,7 +15,7 @@ import numpy as np
 from onnx import GraphProto, ModelProto, NodeProto, helper, numpy_helper
 
 from oxla.dtypes import is_float
-from oxla.lowering.interpreter import node_reads
+from oxla.graph import node_reads
 
 SUFFIX = "__oxla_hwio"
 KN_SUFFIX = "__oxla_kn"

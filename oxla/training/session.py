@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -13,8 +14,9 @@ from onnx import GraphProto, ModelProto, numpy_helper
 from oxla.compile import CompiledModel
 from oxla.dtypes import to_numpy_dtype, type_name
 from oxla.errors import InputError, NotStaticError, TrainingError
+from oxla.executor import x64
+from oxla.graph import initializer_values
 from oxla.load import ModelSource, load_model
-from oxla.lowering.interpreter import initializer_values
 from oxla.training.bindings import Binding, Stage, combined_model, parse_training, standalone_model
 from oxla.training.checkpoint import save_model
 from oxla.training.make import strip_training
@@ -41,8 +43,9 @@ class _Step:
         self.compiled = CompiledModel(combined)
         names = set(initializer_values(combined.graph))
         self.state_names = sorted(n for n in mutable if n in names)
-        self.frozen = {n: where.replicate(v) for n, v in self.compiled.params.items()
-                       if n not in mutable}
+        with x64():
+            self.frozen = {n: where.replicate(v) for n, v in self.compiled.params.items()
+                           if n not in mutable}
         self.inputs = {i.name: i for i in combined.graph.input
                        if i.name in self.compiled.input_names}
         self.output_names = [o.name for o in stage.algorithm.output]
@@ -105,13 +108,14 @@ class TrainingSession:
         for stage in self._stages:
             self._initial.update(initializer_values(stage.algorithm))
         mutable = {b.key for s in self._stages for b in (*s.updates, *s.inits)}
-        self._state: Arrays = {n: self._where.replicate(self._initial[n]) for n in sorted(mutable)}
+        with x64():
+            self._state: Arrays = {n: self._where.replicate(self._initial[n]) for n in sorted(mutable)}
         self._steps: dict[int, _Step] = {}
         self._inference: CompiledModel | None = None
-        self._infer_jit: Any = None
-        self._infer_params: Arrays = {}
+        self._inference_version = -1
         self._baked: tuple[int, CompiledModel] | None = None
         self._version = 0
+        self._lock = threading.RLock()  # steps replace (and donate) the state buffers
 
     # --- what the model holds -----------------------------------------------------------------
 
@@ -168,8 +172,10 @@ class TrainingSession:
                 if not _same_kind(value, self._initial[b.key]):
                     raise TrainingError(f"{b.describe()}: '{b.value}' is {_kind(value)} but "
                                         f"'{b.key}' is {_kind(self._initial[b.key])}")
-                self._state[b.key] = self._where.replicate(value)
-        self._version += 1
+                with self._lock, x64():
+                    self._state[b.key] = self._where.replicate(value)
+        with self._lock:
+            self._version += 1
 
     def step(self, feeds: Mapping[str, Any], algorithm: int = 0,
              outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
@@ -202,10 +208,11 @@ class TrainingSession:
             raise TrainingError(f"unknown outputs {unknown}; algorithm {algorithm} has "
                                 f"{step.output_names}")
         checked = _check_feeds(feeds, step.inputs, f"step(algorithm={algorithm})")
-        state = {n: self._state[n] for n in step.state_names}
-        result, new = step.run(state, step.frozen, self._where.feeds(checked), wanted)
-        self._state.update(new)
-        self._version += 1
+        with self._lock, x64():
+            state = {n: self._state[n] for n in step.state_names}
+            result, new = step.run(state, step.frozen, self._where.feeds(checked), wanted)
+            self._state.update(new)
+            self._version += 1
         return result
 
     def _stage(self, algorithm: int) -> Stage:
@@ -223,11 +230,8 @@ class TrainingSession:
     # --- inference ----------------------------------------------------------------------------
 
     def _inference_model(self) -> CompiledModel:
-        if self._inference is None:
-            self._inference = CompiledModel(strip_training(self._model))
-            self._infer_jit = jax.jit(self._inference.fn)
-            self._infer_params = {n: self._where.replicate(v)
-                                  for n, v in self._inference.params.items() if n not in self._state}
+        if self._inference is None:  # the trained state stays parameters: updates never recompile
+            self._inference = CompiledModel(strip_training(self._model), dynamic=frozenset(self._state))
         return self._inference
 
     def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any]) -> list[np.ndarray]:
@@ -239,18 +243,15 @@ class TrainingSession:
         unknown = [n for n in wanted if n not in compiled.output_names]
         if unknown:
             raise InputError(f"unknown output names {unknown}; the outputs are {compiled.output_names}")
-        params = {**self._infer_params,
-                  **{n: v for n, v in self._state.items() if n in self._initial_inference}}
-        try:
-            results = self._infer_jit(params, {k: self._where.replicate(v) for k, v in checked.items()})
-        except NotStaticError:  # graph breaks: run a model with the current state baked in
-            results = self._baked_model()(checked)
+        with self._lock:
+            if any(n in compiled.constants for n in self._state) and self._version:
+                compiled = self._baked_model()  # a rule needs trained state as a constant
+            elif self._inference_version != self._version:
+                compiled.set_parameters({n: np.asarray(v) for n, v in self._state.items()
+                                         if n in compiled.params})
+                self._inference_version = self._version
+        results = compiled(checked)
         return [np.asarray(results[n]) for n in wanted]
-
-    @property
-    def _initial_inference(self) -> set[str]:
-        return {t.name for t in self._model.graph.initializer} | {
-            s.values.name for s in self._model.graph.sparse_initializer}
 
     def _baked_model(self) -> CompiledModel:
         if self._baked is None or self._baked[0] != self._version:

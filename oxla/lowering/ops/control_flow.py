@@ -18,8 +18,8 @@ import numpy as np
 from jax import lax
 from onnx import GraphProto
 
+from oxla.graph import graph_free_names
 from oxla.lowering.context import NeedStatic
-from oxla.lowering.interpreter import graph_free_names
 from oxla.lowering.registry import rule
 from oxla.lowering.values import Value, is_static
 
@@ -40,7 +40,7 @@ def _everything_static(cx, graphs: Sequence[GraphProto], values: Sequence[Value]
         return False
     for graph in graphs:
         for name in graph_free_names(graph):
-            if name in cx.scope and not is_static(cx.scope.get(name)):
+            if cx.defined(name) and not is_static(cx.value(name)):
                 return False
     return True
 
@@ -62,7 +62,7 @@ def _to_host(cx, what: str, value: Value = None) -> None:
     """Break the graph here: the node then runs on the host, where every value is concrete."""
     if value is not None and not is_static(value):
         cx.static(value, what)
-    raise NeedStatic(cx.ref, what, None)
+    cx.break_graph(what)
 
 
 def _stack(values: list[Value]) -> Value:

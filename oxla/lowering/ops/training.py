@@ -12,8 +12,8 @@ import numpy as np
 from onnx import NodeProto
 
 from oxla.errors import LoweringError
+from oxla.graph import node_reads, producers
 from oxla.lowering.context import Context, NeedStatic
-from oxla.lowering.interpreter import Scope, node_reads
 from oxla.lowering.registry import rule
 from oxla.lowering.values import Value
 
@@ -96,10 +96,6 @@ def adam(cx, r, t, *inputs, alpha=0.9, beta=0.999, epsilon=1e-6, norm_coefficien
 
 # --- Gradient ------------------------------------------------------------------------------------
 
-def _producers(nodes: Sequence[NodeProto]) -> dict[str, int]:
-    return {name: i for i, n in enumerate(nodes) for name in n.output if name}
-
-
 def _ancestors(nodes: Sequence[NodeProto], producer: dict[str, int], start: str,
                cut: set[str]) -> tuple[set[int], set[str]]:
     """Nodes computing `start` (not looking past names in `cut`) and the names they read."""
@@ -140,9 +136,9 @@ def _check_independent(cx: Context, nodes: Sequence[NodeProto], producer: dict[s
 def _subgraph(cx: Context, xs: Sequence[str], zs: Sequence[str], y: str) -> list[NodeProto]:
     """The nodes of the Gradient node's graph that compute y from xs and zs, in graph order."""
     nodes = cx.graph_nodes
-    producer = _producers(nodes)
+    producer = producers(nodes)
     leaves = [*xs, *zs]
-    missing = [n for n in leaves if n not in producer and n not in cx.scope]
+    missing = [n for n in leaves if n not in producer and not cx.defined(n)]
     if missing:
         raise cx.fail(f"xs/zs names {missing} are neither computed in this graph nor its inputs "
                       "or initializers")
@@ -176,21 +172,14 @@ def gradient(cx, *inputs, xs=None, y=None, zs=()):
                       f"got {len(inputs)}")
     _check_differentiable(cx, xs, inputs[:len(xs)], "xs")
     body = _subgraph(cx, xs, zs, y)
-    graph = cx.graph_nodes
     z_values = dict(zip(zs, inputs[len(xs):]))
 
     def forward(*x_values: Any) -> Any:
-        scope = Scope(cx.scope)
-        scope.values.update(z_values)
-        scope.values.update(zip(xs, x_values))
-        try:
-            with cx.interp.in_graph(graph):  # nested Gradient nodes search the same graph
-                for node in body:
-                    cx.interp.run_node(node, scope, cx.opsets)
+        try:  # nested Gradient nodes in `body` search this node's graph too
+            (out,) = cx.evaluate(body, {**z_values, **dict(zip(xs, x_values))}, [y])
         except NeedStatic as e:
             raise LoweringError(f"{cx.ref.describe()}: the differentiated subgraph needs a value "
                                 f"computed from xs at compile time ({e})") from None
-        out = scope.get(y)
         _check_differentiable(cx, [y], [out], "y")
         return out
 

@@ -1,0 +1,325 @@
+"""The executor: runs a plan. Owns the compile cache, its locks, resident parameters and x64.
+
+A call binds the feeds, then walks the graph in segments: each segment is one XLA executable,
+compiled once per signature (shapes and dtypes of what flows in, plus only the values a rule
+declared static) and cached in a bounded LRU; a node that needs a value only known at run time
+ends the segment and runs on the host, and the next segment starts after it. Strings and maps
+never enter a trace: a node that reads one runs on the host, so their values are never compiled
+in. Every JAX call happens inside a 64-bit scope: oxla never changes a global JAX setting.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+
+from oxla.errors import LoweringError
+from oxla.lowering.context import NeedStatic, Scope
+from oxla.lowering.interpreter import Interpreter
+from oxla.lowering.values import Value, is_static, to_static
+from oxla.lru import LRU, CacheInfo
+from oxla.params import ParamLayout
+from oxla.plan import Plan
+
+DEFAULT_CACHE_SIZE = 64   # compiled segments kept per model
+
+
+def x64() -> Any:
+    """The scope oxla runs JAX in: 64-bit types on for this thread only (ONNX has int64/float64)."""
+    return jax.enable_x64(True)
+
+
+class HostValue:
+    """Stands for a string or map value inside a trace: nodes reading it run on the host."""
+
+
+HOST = HostValue()
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """Counts since the model was compiled: XLA compiles, host steps and the nodes they ran."""
+
+    compiles: int = 0
+    host_steps: int = 0
+    host_nodes: frozenset[str] = frozenset()
+
+
+@dataclass(eq=False)
+class Segment:
+    """A run of nodes compiled as one XLA computation, ended by a host step (or the graph end)."""
+
+    pos: int
+    stop: int | None                     # the node that runs on the host next (None: graph end)
+    inputs: tuple[str, ...]              # traced values it takes, in argument order
+    in_tree: Any                         # their structure (sequences are lists)
+    outputs: tuple[str, ...]             # traced values it returns, in order
+    statics: dict[str, Value]            # values it computed while tracing (live after it)
+    call: Callable[..., Any] | None      # the executable: (*parameter leaves, *input leaves)
+    order: tuple[int, ...] = ()          # fast path: feed positions of `inputs`
+    fast: tuple[tuple[str, Any], ...] = ()   # fast path: ("out", i) | ("in", i) | ("value", v)
+
+
+@dataclass(eq=False)
+class _Slot:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    segment: Segment | None = None
+
+
+@dataclass
+class _Env:
+    """The values of one call: traced (arrays), static (known while tracing), host (strings, maps)."""
+
+    traced: dict[str, Value]
+    static: dict[str, Value]
+    host: dict[str, Value]
+
+    def concrete(self, name: str) -> Value:
+        for table in (self.traced, self.static, self.host):
+            if name in table:
+                return table[name]
+        raise KeyError(name)
+
+
+class Executor:
+    """Runs one plan: `run(feeds)`; `run_fast(values)` for plain array feeds in input order."""
+
+    def __init__(self, plan: Plan, interpreter: Interpreter, params: Mapping[str, Any],
+                 cache_size: int = DEFAULT_CACHE_SIZE) -> None:
+        self.plan = plan
+        self.interpreter = interpreter
+        self.params = dict(params)
+        self.layout = ParamLayout(plan.parameters)
+        with x64():
+            self._leaves = self.layout.leaves(self.params)
+        self._cache: LRU[_Slot] = LRU(cache_size)
+        self._live_in: dict[int, tuple[str, ...]] = {}
+        self._stats_lock = threading.Lock()
+        self._compiles = 0
+        self._host_steps = 0
+        self._host_nodes: set[str] = set()
+
+    # --- what it holds ------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> RunStats:
+        with self._stats_lock:
+            return RunStats(self._compiles, self._host_steps, frozenset(self._host_nodes))
+
+    def cache_info(self) -> CacheInfo:
+        """Hits, misses, size, bound and evictions of the compiled-segment cache."""
+        return self._cache.info()
+
+    def set_parameters(self, values: Mapping[str, Any]) -> None:
+        """Replace parameter values (same shapes and dtypes): no recompilation."""
+        params = {**self.params, **{n: v for n, v in values.items() if n in self.params}}
+        with x64():
+            leaves = self.layout.leaves(params)
+        self.params, self._leaves = params, leaves
+
+    # --- the fast path ------------------------------------------------------------------------
+
+    def run_fast(self, values: Sequence[Any]) -> list[Value] | None:
+        """Outputs in graph order for array feeds in input order, or None when not compiled yet."""
+        slot = self._cache.get(("fast", *[(v.shape, v.dtype) for v in values]))
+        if slot is None or slot.segment is None:
+            return None
+        seg = slot.segment
+        with x64():
+            outs = seg.call(*self._leaves, *[values[i] for i in seg.order]) if seg.call else ()
+        return [outs[x] if kind == "out" else values[x] if kind == "in" else x
+                for kind, x in seg.fast]
+
+    # --- the general path ---------------------------------------------------------------------
+
+    def run(self, feeds: Mapping[str, Value]) -> dict[str, Value]:
+        """Run on concrete feeds; compiles (and caches) what this signature needs."""
+        with x64():
+            env = self._bind(feeds)
+            pos, first = 0, None
+            while True:
+                seg = self._segment(pos, env)
+                first = first or seg
+                if seg.call is not None:
+                    args = jax.tree.leaves([env.traced[n] for n in seg.inputs])
+                    env.traced.update(zip(seg.outputs, seg.call(*self._leaves, *args)))
+                env.static.update(seg.statics)
+                if seg.stop is None:
+                    break
+                self._host_step(seg.stop, env)
+                pos = seg.stop + 1
+            if seg is first and not env.static and not env.host:
+                self._register_fast(feeds, seg)
+            return {n: self._lookup(env, n) for n in self.plan.output_names}
+
+    def _bind(self, feeds: Mapping[str, Value]) -> _Env:
+        env = _Env({}, {}, {})
+        for name, value in feeds.items():
+            if _host_only(value):
+                env.host[name] = value
+            elif name in self.plan.required_static:  # an override of a constant a rule needs
+                env.static[name] = to_static(value)
+            else:
+                env.traced[name] = value
+        return env
+
+    def _lookup(self, env: _Env, name: str) -> Value:
+        for table in (env.traced, env.static, env.host, self.params, self.plan.constants):
+            if name in table:
+                return table[name]
+        raise LoweringError(f"graph output '{name}' is never computed")
+
+    def _live(self, pos: int, env: _Env) -> tuple[str, ...]:
+        names = self._live_in.get(pos)
+        if names is None:
+            names = self._live_in[pos] = self.plan.live_in(pos)
+        overrides = [n for n in self.plan.overridable if n in env.traced or n in env.static]
+        if overrides:  # a feed overriding an initializer replaces it while it is still read
+            names = tuple(sorted({*names, *[n for n in overrides
+                                            if self.plan.last_use.get(n, -1) >= pos]}))
+        return names
+
+    def _segment(self, pos: int, env: _Env) -> Segment:
+        live = self._live(pos, env)
+        traced = tuple(n for n in live if n in env.traced)
+        statics = tuple((n, _value_key(env.static[n])) for n in live if n in env.static)
+        host = tuple(n for n in live if n in env.host)
+        key = (pos, tuple(_signature(env.traced[n]) for n in traced), statics, host)
+        slot = self._cache.get(key) or self._cache.setdefault(key, _Slot())
+        if slot.segment is None:
+            with slot.lock:  # one compile per signature; other signatures go on meanwhile
+                if slot.segment is None:
+                    slot.segment = self._build(pos, env, traced, host)
+        return slot.segment
+
+    def _register_fast(self, feeds: Mapping[str, Value], seg: Segment) -> None:
+        names = self.plan.input_names
+        if set(feeds) != set(names) or not all(_plain(feeds[n]) for n in names):
+            return
+        order = tuple(names.index(n) for n in seg.inputs)
+        fast: list[tuple[str, Any]] = []
+        for name in self.plan.output_names:
+            if name in seg.outputs:
+                fast.append(("out", seg.outputs.index(name)))
+            elif name in names:
+                fast.append(("in", names.index(name)))
+            else:
+                fast.append(("value", seg.statics.get(name, self.params.get(name, self.plan.constants.get(name)))))
+        entry = Segment(seg.pos, None, seg.inputs, seg.in_tree, seg.outputs, seg.statics, seg.call,
+                        order, tuple(fast))
+        slot = self._cache.setdefault(("fast", *[(feeds[n].shape, feeds[n].dtype) for n in names]), _Slot())
+        slot.segment = entry
+
+    # --- building a segment -------------------------------------------------------------------
+
+    def _build(self, pos: int, env: _Env, traced: tuple[str, ...], host: tuple[str, ...]) -> Segment:
+        plan, layout = self.plan, self.layout
+        values = [env.traced[n] for n in traced]
+        leaves, in_tree = jax.tree.flatten(values)
+        n_params = len(self._leaves)
+        static_in = {n: env.static[n] for n in env.static}
+        record: dict[str, Any] = {}
+
+        def segment(*args: Any) -> tuple[Value, ...]:
+            scope = Scope(None, plan.constants)
+            scope.values.update(layout.unpack(args[:n_params]))
+            scope.values.update(static_in)
+            scope.values.update(dict.fromkeys(host, HOST))
+            scope.values.update(zip(traced, jax.tree.unflatten(in_tree, args[n_params:])))
+            stop = self._trace(pos, scope, frozenset(host))
+            live = plan.live_after(len(plan.nodes) if stop is None else stop)
+            made = {n: v for n, v in scope.values.items() if n in live and n not in traced
+                    and n not in plan.constants and n not in plan.parameters and n not in static_in
+                    and v is not HOST}
+            record["stop"] = stop
+            record["statics"] = {n: v for n, v in made.items() if is_static(v)}
+            record["outputs"] = tuple(sorted(n for n, v in made.items() if not is_static(v)))
+            return tuple(made[n] for n in record["outputs"])
+
+        specs = [_spec(v) for v in (*self._leaves, *leaves)]
+        lowered = jax.jit(segment).lower(*specs)
+        call = None
+        if record["outputs"]:  # a segment with no traced outputs needs no XLA
+            call = lowered.compile()
+            with self._stats_lock:
+                self._compiles += 1
+        return Segment(pos, record["stop"], traced, in_tree, record["outputs"], record["statics"], call)
+
+    def _trace(self, pos: int, scope: Scope, host: frozenset[str]) -> int | None:
+        """Run nodes from `pos` until one needs a run-time value static; returns its index."""
+        plan = self.plan
+        for i in range(pos, len(plan.nodes)):
+            if host and plan.reads[i] & host:
+                return i
+            try:
+                self.interpreter.run_node(plan.nodes[i], scope, plan.opsets, plan.nodes)
+            except NeedStatic:
+                return i
+        return None
+
+    # --- host steps ---------------------------------------------------------------------------
+
+    def _host_step(self, index: int, env: _Env) -> None:
+        """Run one node on concrete values; its outputs join the call's values."""
+        plan = self.plan
+        node = plan.nodes[index]
+        with self._stats_lock:
+            self._host_steps += 1
+            self._host_nodes.add(node.name or node.op_type)
+        scope = Scope(None)
+        for n in plan.reads[index]:
+            try:
+                scope.set(n, to_static(env.concrete(n)))
+            except KeyError:
+                if n in self.params or n in plan.constants:
+                    scope.set(n, to_static(self._lookup(env, n)))
+        try:
+            self.interpreter.run_node(node, scope, plan.opsets, plan.nodes)
+        except NeedStatic as e:  # every input is concrete here; a rule asking again is a bug
+            raise LoweringError(f"{e} even with concrete inputs") from None
+        for name in node.output:
+            if name:
+                value = scope.get(name)
+                (env.host if _host_only(value) else env.traced)[name] = value
+
+
+def _plain(value: Value) -> bool:
+    return isinstance(value, np.ndarray | jax.Array) and value.dtype != object
+
+
+def _host_only(value: Value) -> bool:
+    """Strings and maps live on the host."""
+    if isinstance(value, list):
+        return any(_host_only(v) for v in value)
+    return isinstance(value, dict) or (isinstance(value, np.ndarray) and value.dtype == object)
+
+
+def _signature(value: Value) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return ("seq", tuple(_signature(v) for v in value))
+    return (tuple(value.shape), np.dtype(value.dtype), bool(getattr(value, "weak_type", False)))
+
+
+def _spec(value: Any) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(value.shape, value.dtype, weak_type=bool(getattr(value, "weak_type", False)))
+
+
+def _value_key(value: Any) -> Any:
+    if isinstance(value, dict):
+        return ("map", tuple(sorted((str(k), _value_key(v)) for k, v in value.items())))
+    if isinstance(value, list):
+        return ("seq", tuple(_value_key(v) for v in value))
+    if value is None:
+        return None
+    arr = np.asarray(value)
+    if arr.dtype == object:
+        return (arr.shape, tuple(str(v) for v in arr.ravel()))
+    return (arr.shape, str(arr.dtype), hashlib.sha1(arr.tobytes()).hexdigest())

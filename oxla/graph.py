@@ -1,0 +1,139 @@
+"""Graph utilities: reads, free names, producers, liveness, initializers, attributes (no JAX)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence, Set
+from typing import Any
+
+import numpy as np
+from onnx import (
+    AttributeProto,
+    GraphProto,
+    NodeProto,
+    OperatorSetIdProto,
+    SparseTensorProto,
+    numpy_helper,
+)
+
+from oxla.errors import LoweringError
+
+ONNX_DOMAINS = ("", "ai.onnx")
+
+
+def canonical_domain(domain: str) -> str:
+    """'' and 'ai.onnx' are the same domain."""
+    return "" if domain in ONNX_DOMAINS else domain
+
+
+def model_opsets(opset_import: Iterable[OperatorSetIdProto]) -> dict[str, int]:
+    """The opset imports as {canonical domain: version}."""
+    return {canonical_domain(o.domain): int(o.version) for o in opset_import}
+
+
+def subgraphs(node: NodeProto) -> list[GraphProto]:
+    """The graphs a node carries as attributes (If branches, Loop/Scan bodies)."""
+    out: list[GraphProto] = []
+    for attr in node.attribute:
+        if attr.type == AttributeProto.GRAPH:
+            out.append(attr.g)
+        elif attr.type == AttributeProto.GRAPHS:
+            out.extend(attr.graphs)
+    return out
+
+
+def graph_free_names(graph: GraphProto) -> set[str]:
+    """Names a graph reads from its enclosing scopes (used by nodes, defined nowhere inside)."""
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    defined |= {s.values.name for s in graph.sparse_initializer}
+    free: set[str] = set()
+    for node in graph.node:
+        free |= {n for n in node_reads(node) if n not in defined}
+        defined |= set(node.output)
+    free |= {o.name for o in graph.output if o.name not in defined}
+    return free
+
+
+def node_reads(node: NodeProto) -> set[str]:
+    """Every name a node reads: its inputs and the free names of its subgraphs."""
+    reads = {n for n in node.input if n}
+    for g in subgraphs(node):
+        reads |= graph_free_names(g)
+    return reads
+
+
+def producers(nodes: Sequence[NodeProto]) -> dict[str, int]:
+    """Value name -> index of the node that computes it."""
+    return {o: i for i, n in enumerate(nodes) for o in n.output if o}
+
+
+def last_uses(reads: Sequence[Set[str]], outputs: Iterable[str]) -> dict[str, int]:
+    """Value name -> index of the last node that reads it (graph outputs: len(reads))."""
+    last: dict[str, int] = {}
+    for i, names in enumerate(reads):
+        for n in names:
+            last[n] = i
+    for o in outputs:
+        last[o] = len(reads)
+    return last
+
+
+def walk(nodes: Iterable[NodeProto]) -> Iterator[NodeProto]:
+    """Every node, then the nodes of its subgraphs, recursively."""
+    for node in nodes:
+        yield node
+        for g in subgraphs(node):
+            yield from walk(g.node)
+
+
+def sparse_to_dense(sparse: SparseTensorProto) -> np.ndarray:
+    """A SparseTensorProto as a dense numpy array."""
+    values = numpy_helper.to_array(sparse.values)
+    indices = numpy_helper.to_array(sparse.indices).astype(np.int64)
+    dims = tuple(sparse.dims)
+    dense = np.zeros(dims, dtype=values.dtype)
+    if indices.ndim == 1:
+        dense.reshape(-1)[indices] = values
+    else:
+        dense[tuple(indices.T)] = values
+    return dense
+
+
+def initializer_values(graph: GraphProto) -> dict[str, np.ndarray]:
+    """A graph's initializers (dense and sparse) as numpy arrays."""
+    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    for sparse in graph.sparse_initializer:
+        values[sparse.values.name] = sparse_to_dense(sparse)
+    return values
+
+
+def attribute_value(attr: AttributeProto) -> Any:
+    """An AttributeProto as a Python value: float, int, str, numpy array, graph, or a tuple."""
+    t = attr.type
+    A = AttributeProto
+    if t == A.FLOAT:
+        return float(attr.f)
+    if t == A.INT:
+        return int(attr.i)
+    if t == A.STRING:
+        return attr.s.decode("utf-8", errors="surrogateescape")
+    if t == A.TENSOR:
+        return numpy_helper.to_array(attr.t)
+    if t == A.GRAPH:
+        return attr.g
+    if t == A.SPARSE_TENSOR:
+        return sparse_to_dense(attr.sparse_tensor)
+    if t == A.TYPE_PROTO:
+        return attr.tp
+    if t == A.FLOATS:
+        return tuple(float(v) for v in attr.floats)
+    if t == A.INTS:
+        return tuple(int(v) for v in attr.ints)
+    if t == A.STRINGS:
+        return tuple(s.decode("utf-8", errors="surrogateescape") for s in attr.strings)
+    if t == A.TENSORS:
+        return tuple(numpy_helper.to_array(v) for v in attr.tensors)
+    if t == A.GRAPHS:
+        return tuple(attr.graphs)
+    if t == A.TYPE_PROTOS:
+        return tuple(attr.type_protos)
+    raise LoweringError(f"attribute '{attr.name}' has unknown type {t}")

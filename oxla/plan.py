@@ -1,0 +1,115 @@
+"""The plan: everything decided about a model before any trace, immutable afterwards.
+
+`make_plan` runs the graph passes (op dispatch, constants to initializers, weight layout), then
+derives which initializers are compile-time constants, the liveness tables the executor splits
+graphs with, and what each input must look like.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import numpy as np
+from onnx import ModelProto, NodeProto, TypeProto
+
+from oxla.dtypes import is_float
+from oxla.graph import initializer_values, last_uses, model_opsets, node_reads, producers
+from oxla.lowering.context import Options
+from oxla.passes.classify import DispatchTable, check_supported
+from oxla.passes.constants import large_constants_to_initializers
+from oxla.passes.static_inputs import required_static
+from oxla.passes.weight_layout import conv_weights_to_hwio, gemm_weights_to_kn
+
+# Integer and bool initializers up to this size are compile-time constants by default: they are
+# almost always shapes, axes or indices that rules need static.
+SMALL_CONSTANT = 1024
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """A prepared model: dispatch, constants and liveness, decided once."""
+
+    model: ModelProto
+    options: Options
+    dispatch: DispatchTable
+    opsets: Mapping[str, int]
+    nodes: tuple[NodeProto, ...]
+    reads: tuple[frozenset[str], ...]           # per node: inputs and subgraph free names
+    producer: Mapping[str, int]                 # value -> index of the node computing it
+    last_use: Mapping[str, int]                 # value -> index of its last reader (outputs: n)
+    input_names: tuple[str, ...]                # feeds (graph inputs that are not initializers)
+    output_names: tuple[str, ...]
+    input_types: Mapping[str, TypeProto]        # declared type of every graph input
+    overridable: frozenset[str]                 # initializers that are also graph inputs
+    constants: Mapping[str, np.ndarray]         # initializers known at trace time
+    parameters: Mapping[str, np.ndarray]        # initializers passed to the computation
+    required_static: frozenset[str]             # constants because a rule needs them static
+
+    def live_in(self, pos: int) -> tuple[str, ...]:
+        """Values read at or after node `pos` that come from before it (no initializers)."""
+        return tuple(sorted(
+            n for n, last in self.last_use.items()
+            if last >= pos and self.producer.get(n, -1) < pos
+            and n not in self.constants and n not in self.parameters))
+
+    def live_after(self, stop: int) -> frozenset[str]:
+        """Values read by node `stop` or later, plus the graph outputs."""
+        return frozenset(n for n, last in self.last_use.items() if last >= stop)
+
+
+def prepare(model: ModelProto, options: Options) -> DispatchTable:
+    """The graph passes, in order; rewrites `model` in place and returns its dispatch table."""
+    table = check_supported(model)
+    if not options.bake_weights:
+        large_constants_to_initializers(model)
+        if options.layout_weights:
+            conv_weights_to_hwio(model)
+            gemm_weights_to_kn(model)
+    return table
+
+
+def make_plan(model: ModelProto, options: Options | None = None, *,
+              dynamic: frozenset[str] = frozenset()) -> Plan:
+    """Plan `model` (rewritten in place by the passes).
+
+    Args:
+        model: a loaded model, owned by the plan from now on.
+        options: compile options.
+        dynamic: initializers that must stay parameters even when small (state a trainer
+            updates), unless a rule needs them static.
+
+    Raises:
+        UnsupportedOpError: one error listing every op oxla cannot run.
+    """
+    options = options or Options()
+    table = prepare(model, options)
+    graph = model.graph
+    nodes = tuple(graph.node)
+    reads = tuple(frozenset(node_reads(n)) for n in nodes)
+    inits = initializer_values(graph)
+    outputs = tuple(o.name for o in graph.output)
+    feeds = tuple(i.name for i in graph.input if i.name not in inits)
+    opsets = model_opsets(model.opset_import)
+    needed = required_static(nodes, opsets, table, set(inits), set(feeds))
+    constants, parameters = {}, {}
+    for name, value in inits.items():
+        if name in needed or (name not in dynamic and _starts_static(value, options)):
+            constants[name] = value
+        else:
+            parameters[name] = value
+    return Plan(
+        model=model, options=options, dispatch=table, opsets=MappingProxyType(opsets), nodes=nodes,
+        reads=reads, producer=MappingProxyType(producers(nodes)),
+        last_use=MappingProxyType(last_uses(reads, outputs)), input_names=feeds,
+        output_names=outputs, input_types=MappingProxyType({i.name: i.type for i in graph.input}),
+        overridable=frozenset(i.name for i in graph.input if i.name in inits),
+        constants=MappingProxyType(constants), parameters=MappingProxyType(parameters),
+        required_static=needed)
+
+
+def _starts_static(value: np.ndarray, options: Options) -> bool:
+    if options.bake_weights or value.dtype == object:
+        return True
+    return not is_float(value.dtype) and value.dtype.kind != "c" and value.size <= SMALL_CONSTANT
