@@ -15,6 +15,7 @@ from oxla.errors import (
     TrainingError,
     UnsupportedOpError,
 )
+from oxla.executor import x64
 from oxla.load import load_model
 from oxla.session import InferenceSession, NodeArg
 from oxla.training import TrainingSession
@@ -36,5 +37,6 @@ __all__ = [
     "enable_compilation_cache",
     "load_model",
     "training",
+    "x64",
 ]
 __version__ = "0.1.0"

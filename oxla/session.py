@@ -12,6 +12,7 @@ import numpy as np
 from onnx import ModelProto, TypeProto, ValueInfoProto
 
 from oxla.compile import CompiledModel
+from oxla.executor import DEFAULT_CACHE_SIZE
 from oxla.dtypes import to_numpy_dtype, type_name
 from oxla.errors import InputError, OxlaError
 from oxla.load import load_model
@@ -64,14 +65,17 @@ class InferenceSession:
         path_or_bytes: a .onnx path, serialized bytes, or a ModelProto.
         sess_options, providers, provider_options: accepted for drop-in compatibility, ignored.
         bake_weights: compile initializers as constants rather than parameters.
+        cache_size: how many compiled segments (one per input signature, more with graph
+            breaks) to keep; the least recently used go first.
     """
 
     def __init__(self, path_or_bytes: str | os.PathLike[str] | bytes | ModelProto,
                  sess_options: Any = None, providers: Any = None, provider_options: Any = None,
-                 *, bake_weights: bool = False, **_: Any) -> None:
+                 *, bake_weights: bool = False, cache_size: int = DEFAULT_CACHE_SIZE,
+                 **_: Any) -> None:
         model = load_model(path_or_bytes)
         self._compiled = CompiledModel(model, Options(bake_weights=bake_weights, layout_weights=True),
-                                       copy=False)
+                                       copy=False, cache_size=cache_size)
         graph = self._compiled.model.graph
         inputs = {i.name: i for i in graph.input}
         self._inputs = [inputs[name] for name in self._compiled.input_names]
@@ -105,7 +109,7 @@ class InferenceSession:
             outs = self._compiled.run_fast(values)
             if outs is not None:
                 if not output_names:
-                    return [to_host(v) for v in outs]
+                    return [np.asarray(v) if isinstance(v, jax.Array) else to_host(v) for v in outs]
                 return [to_host(outs[self._index(n)]) for n in output_names]
         feeds = self._check_feeds(input_feed)
         wanted = list(output_names) if output_names else self._compiled.output_names

@@ -1,0 +1,204 @@
+"""Runtime v2: the plan decided before any trace, the executor's caches, threads and x64 scope."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import oxla
+from oxla.training import Momentum, TrainingSession, make_trainable
+
+MODELS = Path(__file__).resolve().parent.parent / "models"
+
+WIDE = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 18]>
+    g (int64[N] x) => (int64[N] big, double[N] tenth) {
+        k = Constant<value = int64 {1099511627776}>()
+        big = Mul(x, k)
+        d = Cast<to = 11>(x)
+        t = Constant<value = double {0.1}>()
+        tenth = Mul(d, t)
+    }
+""")
+
+# A float initializer feeds ConstantOfShape's static input through Cast: the plan must make it a
+# constant before any trace (the old runtime found out by failing mid-call).
+FLOAT_SHAPE = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 18]>
+    g (float[N] x) => (float[4] y) <float[1] fshape = {4.0}> {
+        shp = Cast<to = 7>(fshape)
+        z = ConstantOfShape<value = float {1.0}>(shp)
+        s = ReduceSum<keepdims = 0>(x)
+        y = Add(z, s)
+    }
+""")
+
+BREAK = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 18]>
+    g (float[N] x) => (float[M] y, int64[1] n) {
+        nz = NonZero(x)
+        flat = Flatten<axis = 0>(nz)
+        n = Shape(flat)
+        picked = Gather(x, flat)
+        y = Mul(picked, picked)
+    }
+""")
+
+
+def _label_model() -> onnx.ModelProto:
+    """string[3] -> LabelEncoder -> int64 -> times two: the strings must never be compiled in."""
+    nodes = [helper.make_node("LabelEncoder", ["s"], ["ids"], domain="ai.onnx.ml",
+                              keys_strings=[f"w{i}" for i in range(20)], values_int64s=list(range(20)),
+                              default_int64=-1),
+             helper.make_node("Add", ["ids", "ids"], ["y"])]
+    graph = helper.make_graph(nodes, "labels", [helper.make_tensor_value_info("s", TensorProto.STRING, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT64, [3])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                   helper.make_opsetid("ai.onnx.ml", 3)])
+
+
+def test_import_and_run_leave_the_users_jax_alone() -> None:
+    before = (jax.config.jax_enable_x64, jnp.zeros(3).dtype, jnp.arange(3).dtype)
+    sess = oxla.InferenceSession(WIDE.SerializeToString())
+    sess.run(None, {"x": np.array([1, 2], np.int64)})
+    oxla.compile(WIDE)({"x": np.array([1], np.int64)})
+    assert (jax.config.jax_enable_x64, jnp.zeros(3).dtype, jnp.arange(3).dtype) == before
+    assert before == (False, jnp.float32, jnp.int32)
+
+
+def test_64_bit_models_are_exact() -> None:
+    x = np.array([3, -7, 2**31 - 1, 2**40], np.int64)
+    big, tenth = oxla.InferenceSession(WIDE.SerializeToString()).run(None, {"x": x})
+    assert big.dtype == np.int64 and big.tolist() == (x * 2**40).tolist()
+    assert tenth.dtype == np.float64 and tenth.tolist() == (x.astype(np.float64) * 0.1).tolist()
+
+
+def test_fn_in_a_users_x64_off_context_is_exact_in_the_declared_types() -> None:
+    model = oxla.compile(WIDE)
+    x = np.array([3, -7, 2**31 - 1], np.int64)  # the user's jit narrows these to int32 on the way in
+    out = jax.jit(model.fn)(model.params, {"x": x})
+    assert out["big"].dtype == np.int64 and np.asarray(out["big"]).tolist() == (x * 2**40).tolist()
+    assert out["tenth"].dtype == np.float64
+    assert np.asarray(out["tenth"]).tolist() == (x.astype(np.float64) * 0.1).tolist()
+    assert not jax.config.jax_enable_x64
+
+
+def test_jit_of_fn_works_before_any_call() -> None:
+    model = oxla.compile(FLOAT_SHAPE)
+    assert "fshape" not in model.params and "fshape" in model.plan.required_static
+    out = jax.jit(model.fn)(model.params, {"x": np.ones(3, np.float32)})
+    assert np.asarray(out["y"]).tolist() == [4.0] * 4
+    assert model({"x": np.ones(2, np.float32)})["y"].tolist() == [3.0] * 4
+    assert "fshape" not in model.params  # nothing moved during the call
+
+
+def test_cache_stays_at_its_bound_over_300_shapes() -> None:
+    sess = oxla.InferenceSession(FLOAT_SHAPE.SerializeToString(), cache_size=16)
+    for n in range(1, 301):
+        (y,) = sess.run(None, {"x": np.ones(n, np.float32)})
+        assert y.tolist() == [1.0 + n] * 4
+    info = sess.compiled.cache_info()
+    assert info.maxsize == 16 and info.size <= 16 and info.evictions >= 300 - 16
+
+
+def test_different_string_feeds_compile_at_most_twice() -> None:
+    sess = oxla.InferenceSession(_label_model().SerializeToString())
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        words = rng.integers(0, 25, 3)
+        (y,) = sess.run(None, {"s": np.array([f"w{i}" for i in words], object)})
+        assert y.tolist() == [2 * int(i) if i < 20 else -2 for i in words]
+    assert sess.compiled.stats.compiles <= 2
+
+
+def test_overriding_a_parameter_does_not_recompile_per_value() -> None:
+    model = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 18]>
+        g (float[3] x, float[3] w) => (float[3] y) <float[3] w = {1.0, 2.0, 3.0}> {
+            y = Mul(x, w)
+        }
+    """)
+    sess = oxla.InferenceSession(model.SerializeToString())
+    x = np.ones(3, np.float32)
+    assert sess.run(None, {"x": x})[0].tolist() == [1, 2, 3]
+    for k in range(5):
+        w = np.full(3, k, np.float32)
+        assert sess.run(None, {"x": x, "w": w})[0].tolist() == [k] * 3
+    assert sess.compiled.stats.compiles == 2
+
+
+def _threads_equal_serial(run: Callable[[int], list[np.ndarray]], count: int = 8, rounds: int = 6) -> None:
+    serial = {i: run(i) for i in range(count)}
+    errors: list[BaseException] = []
+    results: dict[tuple[int, int], list[np.ndarray]] = {}
+    start = threading.Barrier(count)
+
+    def work(i: int) -> None:
+        try:
+            start.wait()
+            for r in range(rounds):
+                results[i, r] = run(i)
+        except BaseException as e:  # reported below, with the thread's own traceback
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for (i, _), got in results.items():
+        for g, w in zip(got, serial[i]):
+            np.testing.assert_array_equal(g, w)
+
+
+def test_eight_threads_equal_serial_on_a_plain_model() -> None:
+    sess = oxla.InferenceSession(str(MODELS / "resnet_small.onnx"))
+    images = [np.random.default_rng(i).random((1 + i % 3, 3, 64, 64), np.float32) for i in range(8)]
+    _threads_equal_serial(lambda i: sess.run(None, {"image": images[i]}))
+
+
+def test_eight_threads_equal_serial_on_a_graph_break_model() -> None:
+    sess = oxla.InferenceSession(BREAK.SerializeToString())
+    feeds = [np.where(np.random.default_rng(i).random(5 + i) > 0.5, 1.0, 0.0).astype(np.float32) * (i + 1)
+             for i in range(8)]
+    _threads_equal_serial(lambda i: sess.run(None, {"x": feeds[i]}))
+    assert sess.compiled.stats.host_steps > 0
+
+
+def test_eight_threads_equal_serial_on_the_detector() -> None:
+    sess = oxla.InferenceSession(str(MODELS / "detector_nms.onnx"))
+    images = [np.random.default_rng(i).random((1, 3, 64, 64), np.float32) for i in range(8)]
+    _threads_equal_serial(lambda i: sess.run(None, {"image": images[i]}), rounds=3)
+
+
+def test_training_session_inference_neither_retraces_nor_rebuilds() -> None:
+    from tests.training.models import mlp, mlp_weights
+
+    model = make_trainable(mlp(mlp_weights()), "mse", Momentum(lr=0.1), labels="t")
+    sess = TrainingSession(model)
+    x = np.random.default_rng(0).random((4, 12), np.float32)
+    t = np.random.default_rng(1).random((4, 5), np.float32)
+    before = sess.run(None, {"x": x})[0]
+    inference = sess._inference
+    for _ in range(3):
+        sess.step({"x": x, "t": t})
+        after = sess.run(None, {"x": x})[0]
+    assert sess._inference is inference and inference.stats.compiles == 1
+    assert not np.allclose(before, after)
+    expect = oxla.InferenceSession(sess.model()).run(None, {"x": x})[0]
+    np.testing.assert_allclose(after, expect, rtol=1e-6)
+
+
+@pytest.mark.parametrize("cache_size", [0, -1])
+def test_cache_size_must_be_positive(cache_size: int) -> None:
+    with pytest.raises(ValueError, match="at least one entry"):
+        oxla.compile(FLOAT_SHAPE, cache_size=cache_size)
