@@ -12,9 +12,9 @@ import numpy as np
 from onnx import ModelProto, TypeProto, ValueInfoProto
 
 from oxla.compile import CompiledModel
-from oxla.executor import DEFAULT_CACHE_SIZE
 from oxla.dtypes import to_numpy_dtype, type_name
 from oxla.errors import InputError, OxlaError
+from oxla.executor import DEFAULT_CACHE_SIZE
 from oxla.load import load_model
 from oxla.lowering.context import Options
 from oxla.lowering.values import to_host
