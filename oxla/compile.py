@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -97,7 +97,7 @@ class CompiledModel:
         """Run the model on concrete inputs; compiles (and caches) what this signature needs."""
         return self._executor.run(inputs)
 
-    def run_fast(self, values: list[Any]) -> list[Value] | None:
+    def run_fast(self, values: list[Any]) -> Sequence[Value] | None:
         """Outputs in graph order for array feeds given in `input_names` order, when this
         signature is already compiled as one computation; None otherwise (then call the model)."""
         return self._executor.run_fast(values)
