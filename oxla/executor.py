@@ -11,6 +11,7 @@ in. Every JAX call happens inside a 64-bit scope: oxla never changes a global JA
 from __future__ import annotations
 
 import hashlib
+import itertools
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from oxla.params import ParamLayout
 from oxla.plan import Plan
 
 DEFAULT_CACHE_SIZE = 64   # compiled segments kept per model
+_UIDS = itertools.count(1)
 _WIDE = frozenset(np.dtype(t) for t in (np.int64, np.uint64, np.float64, np.complex128))
 
 
@@ -63,6 +65,7 @@ class Segment:
     outputs: tuple[str, ...]             # traced values it returns, in order
     statics: dict[str, Value]            # values it computed while tracing (live after it)
     call: Callable[..., Any] | None      # the executable: (*parameter leaves, *input leaves)
+    uid: int = 0                         # identifies it in the keys of the segments after it
     # The fast path's view: feed positions of `inputs` (None: in order), how to assemble the graph
     # outputs ("out", i) | ("in", i) | ("value", v) (None: the outputs are the graph's, in order),
     # and whether an argument is 64-bit (the call then needs the 64-bit scope).
@@ -84,6 +87,8 @@ class _Env:
     traced: dict[str, Value]
     static: dict[str, Value]
     host: dict[str, Value]
+    overrides: frozenset[str] = frozenset()   # feeds that replace initializers
+    origin: Any = None                        # the static feeds' values, as a cache key part
 
     def concrete(self, name: str) -> Value:
         for table in (self.traced, self.static, self.host):
@@ -132,7 +137,7 @@ class Executor:
 
     def run_fast(self, values: Sequence[Any]) -> Sequence[Value] | None:
         """Outputs in graph order for array feeds in input order, or None when not compiled yet."""
-        slot = self._cache.get(tuple([(v.shape, v.dtype) for v in values]))
+        slot = self._cache.get(tuple([(v.shape, v.dtype) for v in values]), count_miss=False)
         seg = None if slot is None else slot.segment
         if seg is None or seg.call is None:
             return None
@@ -152,9 +157,9 @@ class Executor:
         """Run on concrete feeds; compiles (and caches) what this signature needs."""
         with x64():
             env = self._bind(feeds)
-            pos, first = 0, None
+            pos, prev, first = 0, env.origin, None
             while True:
-                seg = self._segment(pos, env)
+                seg = self._segment(pos, env, prev)
                 first = first or seg
                 if seg.call is not None:
                     args = jax.tree.leaves([env.traced[n] for n in seg.inputs])
@@ -163,8 +168,8 @@ class Executor:
                 if seg.stop is None:
                     break
                 self._host_step(seg.stop, env)
-                pos = seg.stop + 1
-            if seg is first and not env.static and not env.host:
+                pos, prev = seg.stop + 1, seg.uid
+            if seg is first and env.origin is None and not env.host:
                 self._register_fast(feeds, seg)
             return {n: self._lookup(env, n) for n in self.plan.output_names}
 
@@ -177,6 +182,9 @@ class Executor:
                 env.static[name] = to_static(value)
             else:
                 env.traced[name] = value
+        env.overrides = frozenset(n for n in feeds if n in self.plan.overridable)
+        if env.static:  # compiled in by value: only what a rule declared static
+            env.origin = tuple(sorted((n, _value_key(v)) for n, v in env.static.items()))
         return env
 
     def _lookup(self, env: _Env, name: str) -> Value:
@@ -189,18 +197,20 @@ class Executor:
         names = self._live_in.get(pos)
         if names is None:
             names = self._live_in[pos] = self.plan.live_in(pos)
-        overrides = [n for n in self.plan.overridable if n in env.traced or n in env.static]
-        if overrides:  # a feed overriding an initializer replaces it while it is still read
-            names = tuple(sorted({*names, *[n for n in overrides
+        if env.overrides:  # a feed overriding an initializer replaces it while it is still read
+            names = tuple(sorted({*names, *[n for n in env.overrides
                                             if self.plan.last_use.get(n, -1) >= pos]}))
         return names
 
-    def _segment(self, pos: int, env: _Env) -> Segment:
+    def _segment(self, pos: int, env: _Env, prev: Any) -> Segment:
+        """The segment starting at `pos`. Its key: the signatures of the traced values flowing in,
+        which values are host values, and `prev` (the segment before it, or the static feeds):
+        static values come only from static feeds and earlier segments, so `prev` determines
+        them without hashing them on every call."""
         live = self._live(pos, env)
         traced = tuple(n for n in live if n in env.traced)
-        statics = tuple((n, _value_key(env.static[n])) for n in live if n in env.static)
         host = tuple(n for n in live if n in env.host)
-        key = (pos, tuple(_signature(env.traced[n]) for n in traced), statics, host)
+        key = (pos, prev, tuple([_signature(env.traced[n]) for n in traced]), host)
         slot = self._cache.get(key) or self._cache.setdefault(key, _Slot())
         if slot.segment is None:
             with slot.lock:  # one compile per signature; other signatures go on meanwhile
@@ -224,7 +234,7 @@ class Executor:
         direct = fast == [("out", i) for i in range(len(seg.outputs))]
         wide = any(np.dtype(a.dtype) in _WIDE for a in (*self._leaves, *feeds.values()))
         entry = Segment(seg.pos, None, seg.inputs, seg.in_tree, seg.outputs, seg.statics, seg.call,
-                        None if order == tuple(range(len(names))) else order,
+                        seg.uid, None if order == tuple(range(len(names))) else order,
                         None if direct else tuple(fast), wide)
         slot = self._cache.setdefault(tuple([(feeds[n].shape, feeds[n].dtype) for n in names]), _Slot())
         slot.segment = entry
@@ -262,7 +272,8 @@ class Executor:
             call = _entry(lowered.compile())
             with self._stats_lock:
                 self._compiles += 1
-        return Segment(pos, record["stop"], traced, in_tree, record["outputs"], record["statics"], call)
+        return Segment(pos, record["stop"], traced, in_tree, record["outputs"], record["statics"], call,
+                       next(_UIDS))
 
     def _trace(self, pos: int, scope: Scope, host: frozenset[str]) -> int | None:
         """Run nodes from `pos` until one needs a run-time value static; returns its index."""

@@ -30,11 +30,13 @@ class LRU[V]:
         self._lock = threading.Lock()
         self._hits = self._misses = self._evictions = 0
 
-    def get(self, key: Hashable) -> V | None:
+    def get(self, key: Hashable, *, count_miss: bool = True) -> V | None:
+        """The value under `key` (now the most recent), or None; `count_miss=False` for a probe
+        whose miss is not a miss of the cache (a caller that falls back to another key)."""
         with self._lock:
             value = self._data.get(key)
             if value is None:
-                self._misses += 1
+                self._misses += count_miss
             else:
                 self._hits += 1
                 self._data.move_to_end(key)
