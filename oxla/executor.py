@@ -232,7 +232,10 @@ class Executor:
             else:
                 fast.append(("value", seg.statics.get(name, self.params.get(name, self.plan.constants.get(name)))))
         direct = fast == [("out", i) for i in range(len(seg.outputs))]
-        wide = any(np.dtype(a.dtype) in _WIDE for a in (*self._leaves, *feeds.values()))
+        # a computation with host callbacks (random seeds) has no C++ entry; its callbacks need
+        # the 64-bit scope at run time, as do 64-bit arguments
+        wide = isinstance(seg.call, jax.stages.Compiled) or any(
+            np.dtype(a.dtype) in _WIDE for a in (*self._leaves, *feeds.values()))
         entry = Segment(seg.pos, None, seg.inputs, seg.in_tree, seg.outputs, seg.statics, seg.call,
                         seg.uid, None if order == tuple(range(len(names))) else order,
                         None if direct else tuple(fast), wide)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from oxla.errors import LoweringError
+from oxla.errors import LoweringError, ShapeError
 from tests.lowering.util import check_node, run_oxla
 
 RNG = np.random.default_rng(0)
@@ -74,7 +74,7 @@ def test_gather_nd(indices: np.ndarray, batch_dims: int) -> None:
 
 
 def test_gather_nd_batch_dims_mismatch() -> None:
-    with pytest.raises(LoweringError, match="must be equal"):
+    with pytest.raises(ShapeError, match="must be equal"):
         check_node("GatherND", {"x": X, "i": _i([0], [1])}, batch_dims=1, reference=False, ort=False)
 
 

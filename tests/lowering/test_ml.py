@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from oxla.errors import LoweringError
+from oxla.errors import LoweringError, ShapeError
 from tests.lowering.util import (
     node_model,
     run_onnxruntime,
@@ -409,5 +409,5 @@ def test_tree_ensemble_rejects_features_beyond_x() -> None:
     x = XT[:, :2]  # tree 1 tests feature 2
     model = node_model("TreeEnsembleRegressor", {"x": x}, domain=ML, opset=3, n_targets=1,
                        **TREES, **_votes("target", 1))
-    with pytest.raises(LoweringError, match="the trees test features up to 2, but X has 2"):
+    with pytest.raises(ShapeError, match="the trees test features up to 2, but X has 2"):
         run_oxla(model, {"x": x})

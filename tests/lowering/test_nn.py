@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import oxla
-from oxla.errors import LoweringError
+from oxla.errors import LoweringError, ShapeError
 from tests.lowering.util import check_node, node_model, run_oxla
 
 RNG = np.random.default_rng(0)
@@ -144,7 +144,7 @@ def test_swiglu() -> None:
 
 def test_swiglu_shapes_must_match() -> None:
     feeds = {"a": X3, "b": X3[:, :, :1].copy()}
-    with pytest.raises(LoweringError, match="A and B must have the same shape"):
+    with pytest.raises(ShapeError, match="A and B must have the same shape"):
         run_oxla(node_model("SwiGLU", feeds), feeds)
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from jax import lax
 
 from oxla.dtypes import to_numpy_dtype
-from oxla.lowering.ops.nn import accum_dtype
+from oxla.lowering.common import accum_dtype
 from oxla.lowering.registry import rule
 
 _NEG_INF = -np.inf
@@ -104,7 +104,7 @@ def _attention_inputs(cx, q, k, v, past_key, past_value, q_num_heads, kv_num_hea
             raise cx.fail("3-D Q, K, V need the q_num_heads and kv_num_heads attributes")
         q, k, v = _heads(q, q_num_heads), _heads(k, kv_num_heads), _heads(v, kv_num_heads)
     elif not (q.ndim == k.ndim == v.ndim == 4):
-        raise cx.fail(f"Q, K and V must all be 3-D or all 4-D, got shapes {tuple(q.shape)}, "
+        raise cx.shape_error(f"Q, K and V must all be 3-D or all 4-D, got shapes {tuple(q.shape)}, "
                       f"{tuple(k.shape)}, {tuple(v.shape)}")
     if (past_key is None) != (past_value is None):
         raise cx.fail("past_key and past_value must be given together")
@@ -227,7 +227,7 @@ def rotary_embedding(cx, x, cos_cache, sin_cache, position_ids=None, *, interlea
             raise cx.fail("a 3-D input needs the num_heads attribute")
         x4 = x.reshape(x.shape[0], x.shape[1], num_heads, x.shape[2] // num_heads)
     else:
-        raise cx.fail(f"X must be 3-D or 4-D, got shape {tuple(x.shape)}")
+        raise cx.shape_error(f"X must be 3-D or 4-D, got shape {tuple(x.shape)}")
     rot = rotary_embedding_dim or x4.shape[3]
     if position_ids is not None:
         cos_cache = jnp.take(cos_cache, position_ids, axis=0)

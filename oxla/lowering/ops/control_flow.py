@@ -54,7 +54,7 @@ def _avals(tree: Any) -> Any:
 def _truth(cx, cond: Value, what: str) -> bool:
     flat = np.asarray(cx.static(cond, what)).reshape(-1)
     if flat.size != 1:
-        raise cx.fail(f"{what} must hold one element, got shape {np.shape(cond)}")
+        raise cx.shape_error(f"{what} must hold one element, got shape {np.shape(cond)}")
     return bool(flat[0])
 
 

@@ -19,7 +19,7 @@ from oxla.lowering.registry import register_rule, rule
 def _legacy_broadcast(cx, a, b, axis, broadcast):
     if not broadcast:
         if tuple(a.shape) != tuple(b.shape):
-            raise cx.fail(f"shapes {tuple(a.shape)} and {tuple(b.shape)} differ and broadcast=0")
+            raise cx.shape_error(f"shapes {tuple(a.shape)} and {tuple(b.shape)} differ and broadcast=0")
         return b
     start = len(a.shape) - len(b.shape) if axis is None else axis % max(len(a.shape), 1)
     if b.size == 1:
@@ -27,7 +27,7 @@ def _legacy_broadcast(cx, a, b, axis, broadcast):
     if tuple(a.shape[start:start + len(b.shape)]) != tuple(b.shape):
         if (axis is None or len(b.shape) == len(a.shape)) and _numpy_broadcastable(a.shape, b.shape):
             return b  # exporters (PyTorch's) emit broadcast=1 with numpy-style size-1 dims
-        raise cx.fail(f"B of shape {tuple(b.shape)} does not line up with A {tuple(a.shape)} at axis {start}")
+        raise cx.shape_error(f"B of shape {tuple(b.shape)} does not line up with A {tuple(a.shape)} at axis {start}")
     return jnp.reshape(b, (1,) * start + tuple(b.shape) + (1,) * (len(a.shape) - start - len(b.shape)))
 
 

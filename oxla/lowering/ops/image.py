@@ -329,7 +329,7 @@ def _grid_sample(cx, x, grid, mode: str, padding: str, align: bool):
     spatial = x.shape[2:]
     nd = len(spatial)
     if grid.ndim != nd + 2 or grid.shape[-1] != nd or grid.shape[0] != x.shape[0]:
-        raise cx.fail(f"grid must have shape (N, *out, {nd}) for X of shape {x.shape}, got {grid.shape}")
+        raise cx.shape_error(f"grid must have shape (N, *out, {nd}) for X of shape {x.shape}, got {grid.shape}")
     wide = jnp.float64 if jnp.float64 in (x.dtype, grid.dtype) else jnp.float32
     g = grid.astype(wide)
     # the grid's last axis lists coordinates innermost first: (x, y[, z]) for (..., H, W)

@@ -5,13 +5,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from oxla.lowering.ops.reduce import normalize_axes
+from oxla.lowering.common import axis_index
 from oxla.lowering.registry import rule
-
-
-def _axis(cx, axis: int, rank: int) -> int:
-    (ax,) = normalize_axes(cx, (axis,), rank)
-    return ax
 
 
 def _wrap(cx, indices, size: int | np.ndarray, what: str = "indices"):
@@ -36,7 +31,7 @@ def _element_index(cx, indices, axis: int, size: int) -> tuple:
 @rule("Gather", since=1)
 def gather(cx, data, indices, *, axis=0):
     """out = take(data, indices, axis); indices may be negative (v1+; v11 made that official)."""
-    ax = _axis(cx, axis, len(data.shape))
+    ax = axis_index(cx, axis, max(len(data.shape), 1))
     if data.dtype == object:  # strings live on the host
         return np.take(data, np.asarray(_wrap(cx, cx.static(indices), data.shape[ax])), axis=ax)
     return jnp.take(data, _wrap(cx, indices, data.shape[ax]), axis=ax)
@@ -45,7 +40,7 @@ def gather(cx, data, indices, *, axis=0):
 @rule("GatherElements", since=11)
 def gather_elements(cx, data, indices, *, axis=0):
     """out[i][j][k] = data[index[i][j][k]][j][k] for axis 0 (likewise for other axes) (v11+)."""
-    ax = _axis(cx, axis, len(data.shape))
+    ax = axis_index(cx, axis, max(len(data.shape), 1))
     cx.expect_rank("indices", indices, len(data.shape))
     return data[_element_index(cx, indices, ax, data.shape[ax])]
 
@@ -56,7 +51,7 @@ def _nd_index(cx, data, indices, batch_dims: int) -> tuple:
     if not 1 <= k <= len(data.shape) - batch_dims:
         raise cx.fail(f"indices.shape[-1] must lie in [1, {len(data.shape) - batch_dims}], got {k}")
     if data.shape[:batch_dims] != indices.shape[:batch_dims]:
-        raise cx.fail(f"the first {batch_dims} dims of data {data.shape} and indices "
+        raise cx.shape_error(f"the first {batch_dims} dims of data {data.shape} and indices "
                       f"{indices.shape} must be equal (batch_dims)")
     inner = indices.shape[batch_dims:-1]
     batch = jnp.arange(int(np.prod(data.shape[:batch_dims]))).reshape((-1,) + (1,) * len(inner))
@@ -86,10 +81,10 @@ def _apply(cx, target, reduction: str, updates):
 
 
 def _scatter_elements(cx, data, indices, updates, axis: int, reduction: str):
-    ax = _axis(cx, axis, len(data.shape))
+    ax = axis_index(cx, axis, max(len(data.shape), 1))
     cx.expect_rank("indices", indices, len(data.shape))
     if indices.shape != updates.shape:
-        raise cx.fail(f"indices {indices.shape} and updates {updates.shape} must have one shape")
+        raise cx.shape_error(f"indices {indices.shape} and updates {updates.shape} must have one shape")
     return _apply(cx, data.at[_element_index(cx, indices, ax, data.shape[ax])], reduction, updates)
 
 
@@ -119,7 +114,7 @@ def scatter_nd(cx, data, indices, updates, *, reduction="none"):
 def tensor_scatter(cx, past_cache, update, write_indices=None, *, axis=-2, mode="linear"):
     """present = past; present[b, ..., w[b] + s, ...] = update[b, ..., s, ...] along axis (v24+)."""
     rank = len(past_cache.shape)
-    ax = _axis(cx, axis, rank)
+    ax = axis_index(cx, axis, max(rank, 1))
     if ax == 0:
         raise cx.fail("axis must not be the batch axis 0")
     if mode not in ("linear", "circular"):
@@ -146,7 +141,7 @@ def one_hot(cx, indices, depth, values, *, axis=-1):
     if n < 1:
         raise cx.fail(f"depth must be positive, got {n}")
     rank = len(indices.shape) + 1
-    ax = _axis(cx, axis, rank)
+    ax = axis_index(cx, axis, max(rank, 1))
     idx = jnp.expand_dims(indices.astype(jnp.int64), ax)  # float indices truncate, as the reference does
     idx = jnp.where(idx < 0, idx + n, idx)  # v11: negative indices count from depth
     shape = [1] * rank
@@ -172,7 +167,7 @@ def compress(cx, input, condition, *, axis=None):
     """numpy.compress: the slices along axis (the flat input if absent) where condition holds (v9+)."""
     cond = np.asarray(condition).reshape(-1).astype(bool)
     data = input.reshape(-1) if axis is None else input
-    ax = 0 if axis is None else _axis(cx, axis, len(input.shape))
+    ax = 0 if axis is None else axis_index(cx, axis, max(len(input.shape), 1))
     if cond.size > data.shape[ax] and cond[data.shape[ax]:].any():
         raise cx.fail(f"condition selects index {int(np.flatnonzero(cond)[-1])} beyond size {data.shape[ax]}")
     # a condition shorter than the axis leaves the rest unselected, as numpy does
@@ -187,7 +182,7 @@ def unique(cx, x, *, axis=None, sorted=1):
     """(Y, indices, inverse_indices, counts) of the unique elements or slices along axis (host op, v11+)."""
     x = np.asarray(x)
     data = x.reshape(-1) if axis is None else x
-    ax = 0 if axis is None else _axis(cx, axis, x.ndim)
+    ax = 0 if axis is None else axis_index(cx, axis, max(x.ndim, 1))
     y, first, inverse, counts = np.unique(data, return_index=True, return_inverse=True,
                                           return_counts=True, axis=ax)
     inverse = inverse.reshape(-1)

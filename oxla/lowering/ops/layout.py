@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from oxla.lowering.ops.shape import axis_index, axis_indices, xp
+from oxla.lowering.common import axis_index, axis_indices, xp
 from oxla.lowering.registry import rule
 
 PAD_MODES = ("constant", "reflect", "edge", "wrap")
@@ -28,7 +28,7 @@ def _concat(cx, inputs: Sequence, axis: int):
         raise cx.fail("Concat needs at least one input")
     ranks = {len(v.shape) for v in inputs}
     if len(ranks) != 1:
-        raise cx.fail(f"inputs must have the same rank, got shapes {[tuple(v.shape) for v in inputs]}")
+        raise cx.shape_error(f"inputs must have the same rank, got shapes {[tuple(v.shape) for v in inputs]}")
     axis = axis_index(cx, axis, ranks.pop())
     return xp(*inputs).concatenate(inputs, axis=axis)
 
@@ -289,7 +289,7 @@ def space_to_depth_v1(cx, x, *, blocksize=None):
 def trilu(cx, x, k=None, *, upper=1):
     """Y = the upper (upper=1) or lower triangle of the last two dims of X from diagonal k."""
     if len(x.shape) < 2:
-        raise cx.fail(f"input must have rank >= 2, got shape {tuple(x.shape)}")
+        raise cx.shape_error(f"input must have rank >= 2, got shape {tuple(x.shape)}")
     diagonal = 0 if k is None else int(np.asarray(k).reshape(()))
     lib = xp(x)
     return lib.triu(x, diagonal) if upper else lib.tril(x, diagonal)

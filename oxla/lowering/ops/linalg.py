@@ -15,7 +15,7 @@ HIGHEST = lax.Precision.HIGHEST
 def mat_mul(cx, a, b):
     """Y = A @ B as numpy.matmul: 1-D operands promoted and squeezed, batch dims broadcast (v1+)."""
     if not a.shape or not b.shape:
-        raise cx.fail(f"inputs must have rank >= 1, got shapes {a.shape} and {b.shape}")
+        raise cx.shape_error(f"inputs must have rank >= 1, got shapes {a.shape} and {b.shape}")
     return jnp.matmul(a, b, precision=HIGHEST)
 
 
@@ -26,7 +26,7 @@ def _gemm(cx, a, b, c, alpha: float, beta: float, trans_a: int, trans_b: int):
     if a.shape[ka] != b.shape[kb]:
         op_a = a.shape[::-1] if trans_a else a.shape
         op_b = b.shape[::-1] if trans_b else b.shape
-        raise cx.fail(f"op(A) {op_a} and op(B) {op_b} do not share the inner dimension")
+        raise cx.shape_error(f"op(A) {op_a} and op(B) {op_b} do not share the inner dimension")
     # contract in place: a materialized b.T costs a copy of the weights on every call on CPU
     y = lax.dot_general(a, b, (((ka,), (kb,)), ((), ())), precision=HIGHEST,
                         preferred_element_type=None)
@@ -61,7 +61,7 @@ def gemm_v1(cx, a, b, c, *, alpha=1.0, beta=1.0, broadcast=0, transA=0, transB=0
         raise cx.fail("input C is required before opset 11")
     m, n = a.shape[1 if transA else 0], b.shape[0 if transB else 1]
     if not broadcast and tuple(c.shape) not in ((m, n), ()):
-        raise cx.fail(f"C has shape {c.shape}, expected ({m}, {n}); set broadcast=1 to broadcast it")
+        raise cx.shape_error(f"C has shape {c.shape}, expected ({m}, {n}); set broadcast=1 to broadcast it")
     return _gemm(cx, a, b, c, alpha, beta, transA, transB)
 
 
@@ -80,7 +80,7 @@ def einsum(cx, *inputs, equation=None):
 def det(cx, x):
     """Determinant of each square matrix in the last two dims of X, shape [*, M, M] -> [*] (v11+)."""
     if len(x.shape) < 2 or x.shape[-1] != x.shape[-2]:
-        raise cx.fail(f"X must be [*, M, M], got shape {x.shape}")
+        raise cx.shape_error(f"X must be [*, M, M], got shape {x.shape}")
     return jnp.linalg.det(x)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from oxla.lowering.ops.nn import accum_dtype
+from oxla.lowering.common import accum_dtype
 from oxla.lowering.registry import rule
 
 _REDUCTIONS = ("none", "sum", "mean")
@@ -48,6 +48,6 @@ def softmax_cross_entropy_loss(cx, scores, labels, weights=None, *, ignore_index
                                reduction="mean"):
     """loss = NLL(LogSoftmax(scores, axis=1), labels, weights); also returns log_prob (v12+)."""
     if scores.ndim < 2:
-        raise cx.fail(f"scores must be (N, C, d1, ...), got {tuple(scores.shape)}")
+        raise cx.shape_error(f"scores must be (N, C, d1, ...), got {tuple(scores.shape)}")
     log_prob = jax.nn.log_softmax(scores.astype(accum_dtype(scores.dtype)), axis=1).astype(scores.dtype)
     return _nll(cx, log_prob, labels, weights, ignore_index, reduction), log_prob

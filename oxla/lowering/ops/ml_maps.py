@@ -20,7 +20,7 @@ def zip_map(cx, x, *, classlabels_int64s=None, classlabels_strings=None):
     rows = np.asarray(x, np.float32)
     rows = rows.reshape(1, -1) if rows.ndim == 1 else rows
     if rows.ndim != 2 or rows.shape[1] != len(labels):
-        raise cx.fail(f"X must be [N, {len(labels)}] (one column per label), got shape {rows.shape}")
+        raise cx.shape_error(f"X must be [N, {len(labels)}] (one column per label), got shape {rows.shape}")
     return [dict(zip(labels, (float(v) for v in row))) for row in rows]
 
 

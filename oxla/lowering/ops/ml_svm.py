@@ -159,13 +159,13 @@ def svm_regressor(cx, x, *, coefficients=None, kernel_params=None, kernel_type="
     if n_supports > 0:
         vectors = np.asarray(support_vectors or (), np.float32)
         if vectors.size != n_supports * x.shape[1] or coef.size != n_supports:
-            raise cx.fail(f"{n_supports} support vectors of {x.shape[1]} features need "
+            raise cx.shape_error(f"{n_supports} support vectors of {x.shape[1]} features need "
                           f"{n_supports * x.shape[1]} values and {n_supports} coefficients, got "
                           f"{vectors.size} and {coef.size}")
         y = kernel(cx, x, vectors.reshape(n_supports, -1), kernel_type, kernel_params) @ coef + rho0
     else:  # linear: the coefficients are the weight vector (the kernel is ignored)
         if coef.size != x.shape[1]:
-            raise cx.fail(f"{x.shape[1]} features need as many coefficients, got {coef.size}")
+            raise cx.shape_error(f"{x.shape[1]} features need as many coefficients, got {coef.size}")
         y = x @ jnp.asarray(coef) + rho0
     if one_class:
         y = jnp.where(y > 0, 1.0, -1.0).astype(jnp.float32)

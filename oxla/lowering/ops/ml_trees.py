@@ -111,7 +111,7 @@ def descend(cx, forest: Forest, x: Any) -> Any:
     """The leaf each row of x [N, F] reaches in each tree: [N, trees] node indices."""
     used = forest.feature[forest.mode != LEAF]
     if used.size and (used.min() < 0 or used.max() >= x.shape[1]):
-        raise cx.fail(f"the trees test features up to {int(used.max())}, but X has {x.shape[1]}")
+        raise cx.shape_error(f"the trees test features up to {int(used.max())}, but X has {x.shape[1]}")
     modes = sorted({int(m) for m in forest.mode} - {LEAF})
     mode, feature = jnp.asarray(forest.mode), jnp.asarray(forest.feature)
     threshold = jnp.asarray(forest.threshold.astype(x.dtype))

@@ -3,31 +3,17 @@
 from __future__ import annotations
 
 import math
-import secrets
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.experimental import io_callback
 
 from oxla.dtypes import to_numpy_dtype
+from oxla.lowering.common import accum_dtype, axis_index, host_seed
 from oxla.lowering.registry import rule
 
 # --- helpers --------------------------------------------------------------------------------
-
-
-def _axis(cx, axis: int, rank: int) -> int:
-    """A normalized axis in [0, rank); cx.fail outside [-rank, rank)."""
-    if not -rank <= axis < max(rank, 1):
-        raise cx.fail(f"axis {axis} is out of range for rank {rank}")
-    return axis % rank if rank else 0
-
-
-def accum_dtype(dtype) -> np.dtype:
-    """The dtype to accumulate in: float32 for 16-bit and smaller floats, else the dtype itself."""
-    dtype = np.dtype(dtype)
-    return np.dtype(np.float32) if dtype.itemsize < 4 else dtype
 
 
 def _coerced_2d(x, axis: int, f):
@@ -64,37 +50,37 @@ def _per_channel(p, rank: int):
 @rule("Softmax", since=1)
 def softmax_v1(cx, x, *, axis=1):
     """Softmax over the trailing dims from `axis` on, input coerced to 2-D (v1-v12)."""
-    return _coerced_2d(x, _axis(cx, axis, x.ndim), _softmax)
+    return _coerced_2d(x, axis_index(cx, axis, max(x.ndim, 1)), _softmax)
 
 
 @rule("Softmax", since=13)
 def softmax(cx, x, *, axis=-1):
     """Y = exp(X - max) / sum(exp(X - max)) along one axis (v13+)."""
-    return _softmax(x, _axis(cx, axis, x.ndim))
+    return _softmax(x, axis_index(cx, axis, max(x.ndim, 1)))
 
 
 @rule("LogSoftmax", since=1)
 def log_softmax_v1(cx, x, *, axis=1):
     """LogSoftmax over the trailing dims from `axis` on, input coerced to 2-D (v1-v12)."""
-    return _coerced_2d(x, _axis(cx, axis, x.ndim), _log_softmax)
+    return _coerced_2d(x, axis_index(cx, axis, max(x.ndim, 1)), _log_softmax)
 
 
 @rule("LogSoftmax", since=13)
 def log_softmax(cx, x, *, axis=-1):
     """Y = X - max - log(sum(exp(X - max))) along one axis (v13+)."""
-    return _log_softmax(x, _axis(cx, axis, x.ndim))
+    return _log_softmax(x, axis_index(cx, axis, max(x.ndim, 1)))
 
 
 @rule("Hardmax", since=1)
 def hardmax_v1(cx, x, *, axis=1):
     """One-hot of the first maximum over the trailing dims from `axis`, coerced to 2-D (v1-v12)."""
-    return _coerced_2d(x, _axis(cx, axis, x.ndim), _hardmax)
+    return _coerced_2d(x, axis_index(cx, axis, max(x.ndim, 1)), _hardmax)
 
 
 @rule("Hardmax", since=13)
 def hardmax(cx, x, *, axis=-1):
     """One-hot of the first maximum along one axis (v13+)."""
-    return _hardmax(x, _axis(cx, axis, x.ndim))
+    return _hardmax(x, axis_index(cx, axis, max(x.ndim, 1)))
 
 
 # --- batch normalization --------------------------------------------------------------------
@@ -194,7 +180,7 @@ def instance_normalization(cx, x, scale, b, *, consumed_inputs=None, epsilon=1e-
 @rule("LayerNormalization", since=17)
 def layer_normalization(cx, x, scale, b=None, *, axis=-1, epsilon=1e-5, stash_type=1):
     """Y = (X - mean) / sqrt(var + eps) * Scale + B over dims axis..; Mean, InvStdDev (v17+)."""
-    a = _axis(cx, axis, x.ndim)
+    a = axis_index(cx, axis, max(x.ndim, 1))
     axes, dtype = tuple(range(a, x.ndim)), _stash_dtype(cx, stash_type)
     xu = x.astype(dtype)
     # one pass, var = E[x^2] - E[x]^2 as the schema's body computes it: 1.5x faster than two
@@ -236,7 +222,7 @@ def group_normalization(cx, x, scale, bias, *, epsilon=1e-5, num_groups=None, st
 @rule("RMSNormalization", since=23)
 def rms_normalization(cx, x, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
     """Y = X / sqrt(mean(X^2 over dims axis..) + epsilon) * scale (v23+)."""
-    a = _axis(cx, axis, x.ndim)
+    a = axis_index(cx, axis, max(x.ndim, 1))
     dtype = _stash_dtype(cx, stash_type)
     xw = x.astype(dtype)
     ms = jnp.mean(xw * xw, axis=tuple(range(a, x.ndim)), keepdims=True)
@@ -248,7 +234,7 @@ def rms_normalization(cx, x, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
 def mean_variance_normalization(cx, x, *, axes=(0, 2, 3)):
     """Y = (X - mean) / (sqrt(var) + 1e-9) over `axes` (v9+; the schema body's epsilon)."""
     rank = x.ndim
-    dims = tuple(sorted({_axis(cx, a, rank) for a in axes}))
+    dims = tuple(sorted({axis_index(cx, a, max(rank, 1)) for a in axes}))
     xw = x.astype(accum_dtype(x.dtype))
     mean = jnp.mean(xw, axis=dims, keepdims=True)
     std = jnp.sqrt(jnp.mean(jnp.square(xw - mean), axis=dims, keepdims=True))
@@ -258,7 +244,7 @@ def mean_variance_normalization(cx, x, *, axes=(0, 2, 3)):
 @rule("LpNormalization", since=1)
 def lp_normalization(cx, x, *, axis=-1, p=2):
     """Y = X / ||X||_p along `axis`, p in {1, 2}; a zero norm gives 0 (v1+)."""
-    a = _axis(cx, axis, x.ndim)
+    a = axis_index(cx, axis, max(x.ndim, 1))
     if p == 1:
         norm = jnp.sum(jnp.abs(x), axis=a, keepdims=True)
     elif p == 2:
@@ -278,7 +264,7 @@ def lrn(cx, x, *, alpha=0.0001, beta=0.75, bias=1.0, size=None):
     if size is None or size < 1:
         raise cx.fail(f"size must be a positive integer, got {size}")
     if x.ndim < 3:
-        raise cx.fail(f"X must have shape (N, C, D1, ...), got {tuple(x.shape)}")
+        raise cx.shape_error(f"X must have shape (N, C, D1, ...), got {tuple(x.shape)}")
     wide = accum_dtype(x.dtype)
     sq = jnp.square(x.astype(wide))
     lo, hi = (size - 1) // 2, size // 2  # floor((size-1)/2) before, ceil((size-1)/2) after
@@ -299,7 +285,7 @@ def swish(cx, x, *, alpha=1.0):
 def swiglu(cx, a, b, *, alpha=1.0):
     """Y = A * sigmoid(alpha * A) * B; A and B have one shape, no broadcasting (v28+)."""
     if a.shape != b.shape:
-        raise cx.fail(f"A and B must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}")
+        raise cx.shape_error(f"A and B must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}")
     return a * jax.nn.sigmoid(jnp.asarray(alpha, a.dtype) * a) * b
 
 
@@ -316,8 +302,7 @@ def _dropout(x, ratio, training, seed, mask_dtype):
     if training is False:
         return x, jnp.ones(x.shape, mask_dtype)
     if seed is None:  # a side-effecting callback: runs on every call, never folded
-        seed = io_callback(lambda: np.asarray(secrets.randbits(63), np.int64),
-                           jax.ShapeDtypeStruct((), jnp.int64))
+        seed = host_seed()
     key = jax.random.key(seed)
     r = jnp.asarray(ratio, jnp.float32)
     keep = jax.random.bernoulli(key, 1 - r, x.shape)

@@ -50,7 +50,7 @@ class Window:
 def window(cx, x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode=0) -> Window:
     """The geometry of ONNX pooling: out = floor or ceil((in + pads - span) / stride) + 1."""
     if x.ndim < 3:
-        raise cx.fail(f"input X must have rank >= 3 (N, C, spatial...), got shape {tuple(x.shape)}")
+        raise cx.shape_error(f"input X must have rank >= 3 (N, C, spatial...), got shape {tuple(x.shape)}")
     n = x.ndim - 2
     if kernel_shape is None or len(kernel_shape) != n:
         raise cx.fail(f"kernel_shape must have {n} values (one per spatial axis), got "
@@ -170,7 +170,7 @@ def lp_pool(cx, x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_sha
 
 def _spatial_axes(cx, x) -> tuple[int, ...]:
     if x.ndim < 3:
-        raise cx.fail(f"input X must have rank >= 3 (N, C, spatial...), got shape {tuple(x.shape)}")
+        raise cx.shape_error(f"input X must have rank >= 3 (N, C, spatial...), got shape {tuple(x.shape)}")
     return tuple(range(2, x.ndim))
 
 
@@ -199,7 +199,7 @@ def global_lp_pool(cx, x, *, p=2):
 def max_unpool(cx, x, i, output_shape=None, *, kernel_shape=None, pads=None, strides=None):
     """Y = zeros with X scattered to the flat indices I of MaxPool's input (v9+)."""
     if x.ndim < 3 or tuple(i.shape) != tuple(x.shape):
-        raise cx.fail(f"X must have rank >= 3 and I the shape of X; got X {tuple(x.shape)}, "
+        raise cx.shape_error(f"X must have rank >= 3 and I the shape of X; got X {tuple(x.shape)}, "
                       f"I {tuple(i.shape)}")
     n = x.ndim - 2
     if kernel_shape is None or len(kernel_shape) != n:

@@ -9,23 +9,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import io_callback
 
 from oxla.dtypes import FLOAT_TYPES, to_numpy_dtype
+from oxla.lowering.common import random_key
 from oxla.lowering.registry import rule
-
-_ENTROPY = np.random.default_rng()
-
-
-def _fresh_seed() -> np.ndarray:
-    return np.asarray(_ENTROPY.integers(0, 2**63, dtype=np.int64))
-
-
-def _key(seed: float | None):
-    if seed is not None:
-        return jax.random.key(int(seed))
-    # a side-effecting callback: runs on every call of the compiled function, never folded or merged
-    return jax.random.key(io_callback(_fresh_seed, jax.ShapeDtypeStruct((), jnp.int64)))
 
 
 def _float_type(cx, dtype: int, like=None) -> np.dtype:
@@ -53,32 +40,32 @@ def _uniform(key, shape, dtype, low: float, high: float):
 @rule("RandomNormal", since=1, fold=False)
 def random_normal(cx, *, dtype=1, mean=0.0, scale=1.0, seed=None, shape=None):
     """Y ~ Normal(mean, scale^2) of the given shape (v1+; v22 bfloat16)."""
-    return _normal(_key(seed), _shape(cx, shape), _float_type(cx, dtype), mean, scale)
+    return _normal(random_key(seed), _shape(cx, shape), _float_type(cx, dtype), mean, scale)
 
 
 @rule("RandomUniform", since=1, fold=False)
 def random_uniform(cx, *, dtype=1, high=1.0, low=0.0, seed=None, shape=None):
     """Y ~ Uniform[low, high) of the given shape (v1+; v22 bfloat16)."""
-    return _uniform(_key(seed), _shape(cx, shape), _float_type(cx, dtype), low, high)
+    return _uniform(random_key(seed), _shape(cx, shape), _float_type(cx, dtype), low, high)
 
 
 @rule("RandomNormalLike", since=1, fold=False)
 def random_normal_like(cx, input, *, dtype=0, mean=0.0, scale=1.0, seed=None):
     """Y ~ Normal(mean, scale^2) shaped like the input, of its type unless dtype is set (v1+)."""
-    return _normal(_key(seed), input.shape, _float_type(cx, dtype, input), mean, scale)
+    return _normal(random_key(seed), input.shape, _float_type(cx, dtype, input), mean, scale)
 
 
 @rule("RandomUniformLike", since=1, fold=False)
 def random_uniform_like(cx, input, *, dtype=0, high=1.0, low=0.0, seed=None):
     """Y ~ Uniform[low, high) shaped like the input, of its type unless dtype is set (v1+)."""
-    return _uniform(_key(seed), input.shape, _float_type(cx, dtype, input), low, high)
+    return _uniform(random_key(seed), input.shape, _float_type(cx, dtype, input), low, high)
 
 
 @rule("Bernoulli", since=15, fold=False)
 def bernoulli(cx, input, *, dtype=0, seed=None):
     """Y[i] = 1 with probability input[i], else 0; of the input's type unless dtype is set (v15+)."""
     out = to_numpy_dtype(dtype) if dtype else np.dtype(input.dtype)
-    return jax.random.bernoulli(_key(seed), input).astype(out)
+    return jax.random.bernoulli(random_key(seed), input).astype(out)
 
 
 @rule("Multinomial", since=7, fold=False)
@@ -91,6 +78,6 @@ def multinomial(cx, input, *, dtype=6, sample_size=1, seed=None):
     if sample_size < 1:
         raise cx.fail(f"sample_size must be positive, got {sample_size}")
     # the input holds unnormalized log-probabilities: jax's logits
-    draws = jax.random.categorical(_key(seed), input, axis=-1,
+    draws = jax.random.categorical(random_key(seed), input, axis=-1,
                                    shape=(sample_size, input.shape[0]))
     return draws.T.astype(out)

@@ -8,15 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from oxla.lowering.common import normalize_axes
 from oxla.lowering.registry import register_rule, rule
-
-
-def normalize_axes(cx, axes: Sequence[int], rank: int) -> tuple[int, ...]:
-    """Negative axes count from the end; each must lie in [-rank, rank-1]."""
-    for a in axes:
-        if not -max(rank, 1) <= a < max(rank, 1):  # a scalar accepts axis 0 / -1 and has no axes
-            raise cx.fail(f"axis {a} is out of range for rank {rank}")
-    return tuple(sorted({a % rank for a in axes})) if rank else ()
 
 
 def _lowest(dtype) -> object:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from oxla.lowering.common import axis_index
 from oxla.lowering.registry import rule
 from oxla.lowering.values import is_static
 
@@ -74,10 +75,7 @@ def sequence_erase(cx, input_sequence, position=None):
 @rule("SplitToSequence", since=11, static=("split",))
 def split_to_sequence(cx, input, split=None, *, axis=0, keepdims=1):
     """Split input along axis into parts of lengths split (scalar: chunks of that size)  (v11+)."""
-    rank = len(input.shape)
-    if not -rank <= axis < rank:
-        raise cx.fail(f"axis {axis} is out of range for rank {rank}")
-    axis %= rank
+    axis = axis_index(cx, axis, len(input.shape))
     size = input.shape[axis]
     xp = np if is_static(input) else jnp
     if split is None:

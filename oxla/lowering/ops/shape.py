@@ -4,40 +4,20 @@ ConstantOfShape, Range, EyeLike; shapes fold at trace time."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
 from oxla.dtypes import is_float, to_numpy_dtype
+from oxla.lowering.common import axis_indices, xp
 from oxla.lowering.registry import rule
-from oxla.lowering.values import is_static
 
 # ConstantOfShape results up to this many elements stay static (numpy) so shape arithmetic folds;
 # larger ones (weights in some models) are built by XLA as a broadcast instead of being baked into
 # the program as constants (slow compiles; the same limit as LargeConstantToInitializerPass).
 STATIC_FILL_LIMIT = 1024
-
-
-def xp(*values):
-    """numpy when every value is static (strings and folded shapes stay numpy), else jax.numpy."""
-    return np if all(is_static(v) for v in values) else jnp
-
-
-def axis_index(cx, axis: int, rank: int, what: str = "axis") -> int:
-    """A possibly negative axis as an index in [0, rank); fails when out of range."""
-    if not -rank <= axis < rank:
-        raise cx.fail(f"{what} {axis} is out of range for rank {rank} (valid: {-rank}..{rank - 1})")
-    return axis % rank
-
-
-def axis_indices(cx, axes: Iterable[int], rank: int, what: str = "axes") -> list[int]:
-    """Distinct axes normalized to [0, rank); fails on duplicates or out-of-range values."""
-    out = [axis_index(cx, int(a), rank, what[:-1] if what.endswith("s") else what) for a in axes]
-    if len(set(out)) != len(out):
-        raise cx.fail(f"{what} {tuple(int(a) for a in axes)} name an axis twice")
-    return out
 
 
 @rule("Constant", since=1)

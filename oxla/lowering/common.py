@@ -1,0 +1,72 @@
+"""Helpers the rule families share: axes, accumulation dtypes, numpy-or-jax, random keys.
+
+One implementation and one wording each, so that every op says "axis 3 is out of range for
+rank 3 (valid: -3..2)" the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import io_callback
+
+from oxla.lowering.values import is_static
+
+
+def axis_index(cx: Any, axis: int, rank: int, what: str = "axis") -> int:
+    """A possibly negative axis as an index in [0, rank); fails when out of range."""
+    if not -rank <= axis < rank:
+        raise cx.fail(f"{what} {axis} is out of range for rank {rank} (valid: {-rank}..{rank - 1})")
+    return axis % rank
+
+
+def axis_indices(cx: Any, axes: Iterable[int], rank: int, what: str = "axes") -> list[int]:
+    """Distinct axes normalized to [0, rank), in the given order; fails on duplicates."""
+    axes = tuple(int(a) for a in axes)
+    out = [axis_index(cx, a, rank, what[:-1] if what.endswith("s") else what) for a in axes]
+    if len(set(out)) != len(out):
+        raise cx.fail(f"{what} {axes} name an axis twice")
+    return out
+
+
+def normalize_axes(cx: Any, axes: Sequence[int], rank: int) -> tuple[int, ...]:
+    """Axes to reduce over, sorted and distinct; a scalar accepts axis 0 / -1 and has no axes."""
+    if rank == 0:
+        for a in axes:
+            if a not in (0, -1):
+                raise cx.fail(f"axis {a} is out of range for rank 0 (valid: -1..0)")
+        return ()
+    return tuple(sorted({axis_index(cx, int(a), rank) for a in axes}))
+
+
+def accum_dtype(dtype: Any) -> np.dtype:
+    """The dtype to accumulate in: float32 for 16-bit and smaller floats, else the dtype itself."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float32) if dtype.itemsize < 4 else dtype
+
+
+def xp(*values: Any) -> Any:
+    """numpy when every value is static (strings and folded shapes stay numpy), else jax.numpy."""
+    return np if all(is_static(v) for v in values) else jnp
+
+
+_ENTROPY = np.random.default_rng()
+
+
+def _fresh_seed() -> np.ndarray:
+    return np.asarray(_ENTROPY.integers(0, 2**63, dtype=np.int64))
+
+
+def host_seed() -> jax.Array:
+    """A seed drawn on the host every time the compiled function runs (never folded or merged:
+    a side-effecting callback)."""
+    return io_callback(_fresh_seed, jax.ShapeDtypeStruct((), jnp.int64))
+
+
+def random_key(seed: float | None) -> jax.Array:
+    """A PRNG key from a seed attribute, or from a fresh host seed on every run when absent."""
+    return jax.random.key(int(seed) if seed is not None else host_seed())
