@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import pytest
 
+from oxla.dtypes import to_onnx_type
 from oxla.errors import LoweringError
 from oxla.lowering.registry import all_rules
 from tests.lowering.util import assert_close, node_model, run_onnxruntime, run_oxla
@@ -27,10 +28,16 @@ def rand(*shape: int, dtype: Any = np.float32) -> np.ndarray:
 
 def check_ms(op: str, inputs: dict[str, np.ndarray | None], outputs: tuple[str, ...] = ("y",), *,
              domain: str = MS, opset: int | None = None, rtol: float = 1e-5, atol: float = 1e-6,
-             **attrs: Any) -> list[Any]:
-    """Run a one-node model with oxla and onnxruntime and compare every output."""
+             output_types: dict[str, Any] | None = None, **attrs: Any) -> list[Any]:
+    """Run a one-node model with oxla and onnxruntime and compare every output.
+
+    output_types declares outputs whose type onnxruntime cannot infer (a free type parameter).
+    """
     model = node_model(op, inputs, outputs, opset=opset, domain=domain, **attrs)
     named = [o for o in model.graph.output if o.name]  # "" leaves an optional output out
+    for o in named:
+        if output_types and o.name in output_types:
+            o.type.tensor_type.elem_type = to_onnx_type(np.dtype(output_types[o.name]))
     del model.graph.output[:]
     model.graph.output.extend(named)
     got = run_oxla(model, inputs)
