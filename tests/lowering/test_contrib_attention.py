@@ -148,3 +148,163 @@ def test_multi_head_attention_packed_formats_equal_separate_inputs() -> None:
     got = run_oxla(node_model("MultiHeadAttention", kv, domain=MS, num_heads=N, unidirectional=1),
                    kv)[0]
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+# --- RotaryEmbedding ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+@pytest.mark.parametrize("layout, positions, interleaved, rot_dim", [
+    ("BSD", "offset", 0, 0), ("BSD", "BS", 1, 0), ("BNSH", "BS", 0, 0), ("BNSH", "offset", 1, 0),
+    ("BSD", "BS", 0, 4), ("BNSH", "offset", 1, 4),
+], ids=["bsd-offset", "bsd-interleaved", "bnsh", "bnsh-interleaved", "bsd-partial",
+        "bnsh-partial"])
+def test_rotary_embedding(dtype: Any, layout: str, positions: str, interleaved: int,
+                          rot_dim: int) -> None:
+    heads_n, size, seq = 2, 8, 3
+    x = rand(B, seq, heads_n * size, dtype=dtype) if layout == "BSD" else \
+        rand(B, heads_n, seq, size, dtype=dtype)
+    pos = np.array([2], np.int64) if positions == "offset" else \
+        RNG.integers(0, 10, (B, seq)).astype(np.int64)
+    half = (rot_dim or size) // 2
+    cos, sin = rand(12, half, dtype=dtype), rand(12, half, dtype=dtype)
+    attrs: dict[str, Any] = {"interleaved": interleaved}
+    if rot_dim:
+        attrs.update(rotary_embedding_dim=rot_dim, num_heads=heads_n)
+    elif layout == "BSD" and interleaved:
+        attrs["num_heads"] = heads_n
+    check_ms("RotaryEmbedding", {"x": x, "pos": pos, "cos": cos, "sin": sin}, **attrs,
+             **att_tol(dtype))
+
+
+# --- GroupQueryAttention --------------------------------------------------------------------
+
+GN, GKV, GH = 4, 2, 16  # onnxruntime's CPU rotary needs a head size that is a multiple of 16
+GQA_OUTS = ("y", "present_key", "present_value")
+
+
+def gqa_inputs(seq: int, past: int, seqlens: list[int], total: int, dtype: Any = np.float32,
+               batch: int = B, packed: bool = False, **extra: Any) -> dict[str, Any]:
+    q, k, v = (rand(batch, seq, n * GH, dtype=dtype) for n in (GN, GKV, GKV))
+    feeds: dict[str, Any] = {
+        "q": np.concatenate([q, k, v], axis=2) if packed else q,
+        "k": None if packed else k, "v": None if packed else v,
+        "past_key": rand(batch, GKV, past, GH, dtype=dtype) if past else None,
+        "past_value": rand(batch, GKV, past, GH, dtype=dtype) if past else None,
+        "seqlens_k": np.array(seqlens, np.int32), "total": np.array(total, np.int32)}
+    names = ("cos", "sin", "position_ids", "attention_bias", "head_sink")
+    feeds.update({n: extra.get(n) for n in names})
+    while feeds[next(reversed(feeds))] is None:
+        feeds.popitem()
+    return feeds
+
+
+def gqa(feeds: dict[str, Any], dtype: Any = np.float32, outputs: tuple[str, ...] = GQA_OUTS,
+        **attrs: Any) -> list[Any]:
+    # present outputs always named: without them onnxruntime's CPU kernel ignores the past
+    return check_ms("GroupQueryAttention", feeds, outputs, num_heads=GN, kv_num_heads=GKV,
+                    **attrs, **att_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+@pytest.mark.parametrize("case", ["prompt", "prompt-padded", "prompt-buffer", "decode",
+                                  "decode-buffer", "continue", "packed"])
+def test_group_query_attention_cache(dtype: Any, case: str) -> None:
+    feeds = {
+        "prompt": lambda: gqa_inputs(5, 0, [4, 4], 5, dtype),
+        "prompt-padded": lambda: gqa_inputs(5, 0, [2, 4], 5, dtype),
+        "prompt-buffer": lambda: gqa_inputs(5, 8, [4, 4], 5, dtype),
+        "decode": lambda: gqa_inputs(1, 6, [6, 3], 7, dtype),
+        "decode-buffer": lambda: gqa_inputs(1, 10, [6, 3], 7, dtype),
+        "continue": lambda: gqa_inputs(3, 4, [6], 7, dtype, batch=1),  # ORT: batch 1 only
+        "packed": lambda: gqa_inputs(1, 4, [4, 2], 5, dtype, packed=True),
+    }[case]()
+    got = gqa(feeds, dtype)
+    if case == "decode":  # rows past batch 1's cache (3 + 1 tokens) stay zero
+        assert np.all(got[1][1, :, 4:] == 0)
+
+
+COS, SIN = rand(24, GH // 2), rand(24, GH // 2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+@pytest.mark.parametrize("case", ["prompt", "decode-interleaved", "continue",
+                                  "position_ids-prompt", "position_ids-decode"])
+def test_group_query_attention_rotary(dtype: Any, case: str) -> None:
+    caches = {"cos": COS.astype(dtype), "sin": SIN.astype(dtype)}
+    attrs: dict[str, Any] = {"do_rotary": 1}
+    if case == "prompt":
+        feeds = gqa_inputs(4, 0, [3, 2], 4, dtype, **caches)
+    elif case == "decode-interleaved":
+        feeds = gqa_inputs(1, 5, [5, 2], 6, dtype, **caches)
+        attrs["rotary_interleaved"] = 1
+    elif case == "continue":
+        feeds = gqa_inputs(3, 4, [6], 7, dtype, batch=1, **caches)
+    elif case == "position_ids-prompt":  # a first prompt reads only position_ids[0, 0]
+        pos = np.array([[3, 7, 2, 9], [5, 1, 0, 4]], np.int64)
+        feeds = gqa_inputs(4, 0, [3, 3], 4, dtype, position_ids=pos, **caches)
+    else:
+        pos = np.array([[9], [4]], np.int64)
+        feeds = gqa_inputs(1, 5, [5, 3], 6, dtype, position_ids=pos, **caches)
+    gqa(feeds, dtype, **attrs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DT_IDS)
+@pytest.mark.parametrize("case", ["window", "window-decode", "softcap-scale", "bias-softcap",
+                                  "head_sink", "smooth", "bidirectional"])
+def test_group_query_attention_scores(dtype: Any, case: str) -> None:
+    attrs: dict[str, Any] = {}
+    feeds = gqa_inputs(6, 0, [5, 5], 6, dtype)
+    if case == "window":
+        attrs["local_window_size"] = 3
+    elif case == "window-decode":
+        feeds = gqa_inputs(1, 7, [7, 4], 8, dtype)
+        attrs["local_window_size"] = 2
+    elif case == "softcap-scale":
+        attrs.update(softcap=2.0, scale=0.7)
+    elif case == "bias-softcap":
+        feeds = gqa_inputs(4, 0, [3, 2], 4, dtype, attention_bias=rand(1, GN, 4, 4, dtype=dtype))
+        attrs["softcap"] = 1.5
+    elif case == "head_sink":
+        feeds = gqa_inputs(1, 4, [4, 2], 5, dtype, head_sink=rand(GN, dtype=dtype))
+    elif case == "smooth":
+        attrs["smooth_softmax"] = 1
+    else:
+        feeds = gqa_inputs(3, 0, [2, 1], 3, dtype)
+        attrs["causal"] = 0
+    gqa(feeds, dtype, **attrs)
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+def test_group_query_attention_qk_output(mode: int) -> None:
+    feeds = gqa_inputs(1, 4, [4, 2], 5)
+    gqa(feeds, np.float32, (*GQA_OUTS, "qk"), qk_output=mode, softcap=1.0)
+    feeds = gqa_inputs(4, 0, [3, 2], 4, attention_bias=rand(B, 1, 4, 4))
+    gqa(feeds, np.float32, (*GQA_OUTS, "qk"), qk_output=mode)
+
+
+def test_group_query_attention_qk_norms_equal_a_separate_rms_norm() -> None:
+    # onnxruntime runs q/k norm weights only on CUDA and WebGPU: the documented equivalent is a
+    # per-head SimplifiedLayerNormalization ahead of the op
+    feeds = gqa_inputs(4, 0, [3, 3], 4, cos=COS, sin=SIN)
+    wq, wk = rand(GH), rand(GH)
+
+    def rms(x: np.ndarray, w: np.ndarray, n: int) -> np.ndarray:
+        h = x.reshape(B, 4, n, GH).astype(np.float64)
+        return (h / np.sqrt((h * h).mean(-1, keepdims=True) + 1e-6) * w).reshape(x.shape).astype(np.float32)
+
+    normed = dict(feeds, q=rms(feeds["q"], wq, GN), k=rms(feeds["k"], wk, GKV))
+    want = gqa(normed, np.float32, do_rotary=1)
+    with_norms = dict(feeds, position_ids=None, attention_bias=None, head_sink=None, k_scale=None,
+                      v_scale=None, q_norm_weight=wq, k_norm_weight=wk)
+    got = run_oxla(node_model("GroupQueryAttention", with_norms, GQA_OUTS, domain=MS,
+                              num_heads=GN, kv_num_heads=GKV, do_rotary=1), with_norms)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_group_query_attention_refuses_a_quantized_cache() -> None:
+    feeds = gqa_inputs(1, 4, [4, 2], 5)
+    with pytest.raises(LoweringError, match="a quantized KV cache is not supported"):
+        run_oxla(node_model("GroupQueryAttention", feeds, GQA_OUTS, domain=MS, num_heads=GN,
+                            kv_num_heads=GKV, k_quant_type="PER_TENSOR"), feeds)
