@@ -74,20 +74,25 @@ def test_every_model_is_tested() -> None:
 GN, GKV, GH, GD = 4, 2, 16, 64  # query heads, kv heads, head size, hidden
 
 
-def _decoder_layer() -> onnx.ModelProto:
-    """RMSNorm -> packed QKV -> GroupQueryAttention (rotary, KV cache) -> SkipRMSNorm -> MLP."""
-    from onnx import TensorProto, helper, numpy_helper
+def _decoder_weights() -> list[onnx.TensorProto]:
+    from onnx import numpy_helper
 
     rng = np.random.default_rng(3)
-    qkv_width = (GN + 2 * GKV) * GH
-    weights = {"w_norm": rng.uniform(0.5, 1.5, GD), "w_qkv": rng.standard_normal((GD, qkv_width)) * 0.2,
+    angles = np.arange(32)[:, None] / 10 ** (np.arange(GH // 2) / 4)
+    weights = {"w_norm": rng.uniform(0.5, 1.5, GD),
+               "w_qkv": rng.standard_normal((GD, (GN + 2 * GKV) * GH)) * 0.2,
                "w_o": rng.standard_normal((GN * GH, GD)) * 0.2, "w_norm2": rng.uniform(0.5, 1.5, GD),
-               "w_up": rng.standard_normal((GD, 2 * GD)) * 0.2, "w_down": rng.standard_normal((2 * GD, GD)) * 0.2,
-               "cos": np.cos(np.arange(32)[:, None] / 10 ** (np.arange(GH // 2) / 4)),
-               "sin": np.sin(np.arange(32)[:, None] / 10 ** (np.arange(GH // 2) / 4)),
-               "one": np.array([1], np.int64), "axis1": np.array([1], np.int64)}
-    inits = [numpy_helper.from_array(np.asarray(v, np.int64 if v.dtype == np.int64 else np.float32), k)
-             for k, v in weights.items()]
+               "w_up": rng.standard_normal((GD, 2 * GD)) * 0.2,
+               "w_down": rng.standard_normal((2 * GD, GD)) * 0.2,
+               "cos": np.cos(angles), "sin": np.sin(angles)}
+    tensors = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()]
+    return tensors + [numpy_helper.from_array(np.array([1], np.int64), n) for n in ("one", "axis1")]
+
+
+def _decoder_layer() -> onnx.ModelProto:
+    """RMSNorm -> packed QKV -> GroupQueryAttention (rotary, KV cache) -> SkipRMSNorm -> MLP."""
+    from onnx import TensorProto, helper
+
     ms = "com.microsoft"
     nodes = [
         helper.make_node("ReduceSum", ["attention_mask", "axis1"], ["mask_sum"], keepdims=0),
@@ -119,7 +124,7 @@ def _decoder_layer() -> onnx.ModelProto:
     outputs = [helper.make_tensor_value_info("y", f32, ["batch", "seq", GD]),
                helper.make_tensor_value_info("present_key", f32, ["batch", GKV, "total", GH]),
                helper.make_tensor_value_info("present_value", f32, ["batch", GKV, "total", GH])]
-    graph = helper.make_graph(nodes, "decoder_layer", inputs, outputs, inits)
+    graph = helper.make_graph(nodes, "decoder_layer", inputs, outputs, _decoder_weights())
     return helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21),
                                                                    helper.make_opsetid(ms, 1)])
 

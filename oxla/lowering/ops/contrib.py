@@ -96,7 +96,7 @@ def bias_split_gelu(cx, x, bias):
 
 
 def _moments(x, axes):
-    """Mean and 1 / sqrt(var) ingredients over `axes` (kept) of a wide X."""
+    """(mean, X - mean, variance) over `axes`, kept, of a wide X: two passes, no cancellation."""
     mean = jnp.mean(x, axis=axes, keepdims=True)
     dev = x - mean
     return mean, dev, jnp.mean(dev * dev, axis=axes, keepdims=True)
