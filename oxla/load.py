@@ -12,8 +12,14 @@ from onnx import ModelProto, TensorProto
 
 from oxla.errors import InvalidModelError
 
-# checker complaints that onnxruntime ignores too: oxla infers what these would declare.
-BENIGN_CHECKER_ERRORS = ("Field 'type' of 'value_info' is required but missing",)
+# checker complaints that onnxruntime ignores too: oxla infers what the first would declare;
+# the others are ops onnxruntime registers in the default domain (its transformer optimizer
+# writes them, LayerNormalization below opset 17 included) and oxla has rules for.
+BENIGN_CHECKER_ERRORS = (
+    "Field 'type' of 'value_info' is required but missing",
+    "No Op registered for LayerNormalization with domain_version of",
+    "No Op registered for SimplifiedLayerNormalization with domain_version of",
+)
 
 ModelSource = str | os.PathLike[str] | bytes | ModelProto
 

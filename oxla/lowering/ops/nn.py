@@ -177,6 +177,19 @@ def instance_normalization(cx, x, scale, b, *, consumed_inputs=None, epsilon=1e-
     return y.astype(x.dtype)
 
 
+@rule("LayerNormalization", since=1)
+def layer_normalization_v1(cx, x, scale, b=None, *, axis=-1, epsilon=1e-5, stash_type=1):
+    """LayerNorm below opset 17: onnxruntime's own registration, which its optimizer writes."""
+    # not an ONNX op before v17 (onnx.checker rejects it); onnxruntime's kernel computes every
+    # step, scale and bias included, in stash_type and gives Y the type of Scale
+    a = _axis(cx, axis, x.ndim)
+    norm, mean, inv_std = _normalize(x, tuple(range(a, x.ndim)), epsilon, _stash_dtype(cx, stash_type))
+    y = norm * scale.astype(norm.dtype)
+    if b is not None:
+        y = y + b.astype(norm.dtype)
+    return y.astype(scale.dtype), mean, inv_std
+
+
 @rule("LayerNormalization", since=17)
 def layer_normalization(cx, x, scale, b=None, *, axis=-1, epsilon=1e-5, stash_type=1):
     """Y = (X - mean) / sqrt(var + eps) * Scale + B over dims axis..; Mean, InvStdDev (v17+)."""
