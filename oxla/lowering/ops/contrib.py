@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from oxla.lowering.common import accum_dtype
 from oxla.lowering.ops.conv import conv
 from oxla.lowering.ops.linalg import HIGHEST
-from oxla.lowering.ops.nn import accum_dtype
 from oxla.lowering.registry import rule
 
 MS = "com.microsoft"

@@ -12,9 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from oxla.lowering.common import accum_dtype
 from oxla.lowering.ops.contrib import MS, wide
 from oxla.lowering.ops.linalg import HIGHEST
-from oxla.lowering.ops.nn import accum_dtype
 from oxla.lowering.registry import rule
 
 # --- shared pieces --------------------------------------------------------------------------

@@ -182,7 +182,7 @@ def layer_normalization_v1(cx, x, scale, b=None, *, axis=-1, epsilon=1e-5, stash
     """LayerNorm below opset 17: onnxruntime's own registration, which its optimizer writes."""
     # not an ONNX op before v17 (onnx.checker rejects it); onnxruntime's kernel computes every
     # step, scale and bias included, in stash_type and gives Y the type of Scale
-    a = _axis(cx, axis, x.ndim)
+    a = axis_index(cx, axis, max(x.ndim, 1))
     norm, mean, inv_std = _normalize(x, tuple(range(a, x.ndim)), epsilon, _stash_dtype(cx, stash_type))
     y = norm * scale.astype(norm.dtype)
     if b is not None:
