@@ -31,7 +31,7 @@ class LoweringError(OxlaError):
     """A rule failed while lowering a node; the message names the node, op and opset."""
 
 
-class InputError(OxlaError):
+class InputError(OxlaError, ValueError):
     """The feeds passed to `run` do not match the model's inputs (name, dtype or shape)."""
 
 

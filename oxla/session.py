@@ -189,7 +189,8 @@ def _check_value(name: str, value: Any, tp: TypeProto) -> Any:
         return [_check_value(name, v, tp.sequence_type.elem_type) for v in value]
     if kind != "tensor_type":
         return value
-    arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+    # device arrays stay where they are: only their dtype and shape are checked
+    arr = value if isinstance(value, np.ndarray | jax.Array) else np.asarray(value)
     want = to_numpy_dtype(tp.tensor_type.elem_type) if tp.tensor_type.elem_type else None
     if want is not None:
         if want == np.dtype(object) and arr.dtype.kind in "US":

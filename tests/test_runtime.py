@@ -202,3 +202,14 @@ def test_training_session_inference_neither_retraces_nor_rebuilds() -> None:
 def test_cache_size_must_be_positive(cache_size: int) -> None:
     with pytest.raises(ValueError, match="at least one entry"):
         oxla.compile(FLOAT_SHAPE, cache_size=cache_size)
+
+
+def test_device_array_feeds_are_used_in_place() -> None:
+    sess = oxla.InferenceSession(WIDE.SerializeToString())
+    x = np.array([1, 2, 3], np.int64)
+    with oxla.x64():
+        dev = jax.device_put(x)
+    for _ in range(2):  # the first call compiles through the general path, the second is fast
+        big, tenth = sess.run(None, {"x": dev})
+        assert big.tolist() == (x * 2**40).tolist()
+        assert tenth.tolist() == (x * 0.1).tolist()
