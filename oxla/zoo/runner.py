@@ -97,7 +97,7 @@ def _run_pending(pending: list[ZooCase], options: RunOptions) -> Any:
                 running.append(_start(ctx, queue.pop(), options))
             _wait(running, options.timeout_s)
             for job in list(running):
-                result = _poll(job, options.timeout_s)
+                result = _poll(job, options)
                 if result is not None:
                     running.remove(job)
                     yield result
@@ -126,7 +126,7 @@ def _wait(running: list[_Running], timeout_s: float) -> None:
     wait(handles, timeout=max(0.0, min(next_deadline - now, 1.0)))
 
 
-def _poll(job: _Running, timeout_s: float) -> ModelResult | None:
+def _poll(job: _Running, options: RunOptions) -> ModelResult | None:
     """The job's result once it has one (and its process is gone); None while it runs."""
     elapsed = time.perf_counter() - job.start
     try:
@@ -136,18 +136,18 @@ def _poll(job: _Running, timeout_s: float) -> ModelResult | None:
             job.result = message.get("result")
     except (EOFError, OSError):  # the child is gone without a result
         job.process.join(EXIT_GRACE_S)
-        return _finish(job, _crash(job, elapsed))
+        return _finish(job, _crash(job, elapsed, options.worker.memory_mb))
     if job.result is not None:  # the child has nothing left to do: no need to wait for its exit
         return _finish(job, ModelResult.from_json({**job.result, "wall_s": elapsed}))
     if not job.process.is_alive():
-        return _finish(job, _crash(job, elapsed))
-    if elapsed > timeout_s:
-        return _finish(job, ModelResult(job.case.id, TIMEOUT, job.stage,
-                                        f"no result after {timeout_s:g} s: killed", wall_s=elapsed))
+        return _finish(job, _crash(job, elapsed, options.worker.memory_mb))
+    if elapsed > options.timeout_s:
+        message = f"no result after {options.timeout_s:g} s: killed"
+        return _finish(job, ModelResult(job.case.id, TIMEOUT, job.stage, message, wall_s=elapsed))
     return None
 
 
-def _crash(job: _Running, elapsed: float) -> ModelResult:
+def _crash(job: _Running, elapsed: float, memory_mb: int) -> ModelResult:
     code = job.process.exitcode
     if code is not None and code < 0:
         try:
@@ -156,7 +156,10 @@ def _crash(job: _Running, elapsed: float) -> ModelResult:
             why = f"killed by signal {-code}"
     else:
         why = f"exited with status {code} without a result"
-    return ModelResult(job.case.id, CRASH, job.stage, f"the worker process {why}", wall_s=elapsed)
+    # XLA aborts when an allocation fails: name the limit, the usual reason
+    limit = f" (memory limit {memory_mb} MiB)" if memory_mb else ""
+    return ModelResult(job.case.id, CRASH, job.stage, f"the worker process {why}{limit}",
+                       wall_s=elapsed)
 
 
 def _finish(job: _Running, result: ModelResult) -> ModelResult:
