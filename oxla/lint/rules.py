@@ -74,10 +74,12 @@ _RULES = (
          "the imported opset.", "Fix the op name or raise the opset."),
     Rule("deprecated-op", WARNING, "An operator deprecated at the imported opset (Upsample, "
          "Scatter, ...).", "Use its replacement (Resize, ScatterElements, ...)."),
-    Rule("deprecated-opset", WARNING, "The default-domain opset is older than 7, below what "
-         "onnxruntime supports.", "Convert the model (onnx.version_converter)."),
-    Rule("large-constant", WARNING, "A large tensor inlined in a Constant node: it cannot be "
-         "stored as external data and is copied by every pass.", "Make it an initializer."),
+    Rule("deprecated-opset", WARNING, "The default-domain opset is older than 7, the oldest "
+         "onnxruntime guarantees to run.", "Convert the model (onnx.version_converter)."),
+    Rule("large-constant", WARNING, "A large tensor inlined in a Constant node: tools that "
+         "handle weights look at initializers (onnx's external-data conversion skips attributes "
+         "by default), and runtimes may fold it into the compiled code.",
+         "Make it an initializer."),
     Rule("external-data-outside", ERROR, "External data with an absolute location or one outside "
          "the model's folder.", "Keep external data files beside the model, with relative names."),
     Rule("external-data-missing", ERROR, "An external data file is missing or shorter than the "

@@ -156,10 +156,14 @@ def _crash(job: _Running, elapsed: float, memory_mb: int) -> ModelResult:
             why = f"killed by signal {-code}"
     else:
         why = f"exited with status {code} without a result"
-    # XLA aborts when an allocation fails: name the limit, the usual reason
-    limit = f" (memory limit {memory_mb} MiB)" if memory_mb else ""
-    return ModelResult(job.case.id, CRASH, job.stage, f"the worker process {why}{limit}",
-                       wall_s=elapsed)
+    if not job.stage:
+        # it died before reaching the model: usually a script that runs the zoo at import time,
+        # which every multiprocessing child re-imports
+        why += ("; it failed before loading the model (from a Python script, run the zoo under "
+                "`if __name__ == \"__main__\":`)")
+    elif memory_mb:
+        why += f" (memory limit {memory_mb} MiB; XLA aborts when an allocation fails)"
+    return ModelResult(job.case.id, CRASH, job.stage, f"the worker process {why}", wall_s=elapsed)
 
 
 def _finish(job: _Running, result: ModelResult) -> ModelResult:
