@@ -297,3 +297,13 @@ def test_write_grandfather_then_only_new_findings_fail(tmp_path: Path,
     onnx.save(_graph("[n] t = Relu(x)\n [n] u = Neg(t)\n [m] y = Abs(ghost)"), model)
     code, text = _run_cli(capsys, str(model), "--grandfather", str(exceptions))
     assert code == 1 and "undefined-value" in text and "duplicate-node-name" not in text
+
+
+def test_fix_keeps_external_data_beside_the_model(tmp_path: Path) -> None:
+    model, folder = _external(tmp_path, "w.bin")
+    onnx.save(model, folder / "m.onnx")
+    (tmp_path / "elsewhere").mkdir()
+    assert main(["lint", str(folder / "m.onnx"), "--fix", str(tmp_path / "elsewhere" / "m.onnx")]) == 2
+    assert main(["lint", str(folder / "m.onnx"), "--fix", str(folder / "fixed.onnx")]) == 0
+    fixed = onnx.load(folder / "fixed.onnx")  # loads w.bin through the kept relative location
+    np.testing.assert_array_equal(numpy_helper.to_array(fixed.graph.initializer[0]), np.ones((2, 3)))

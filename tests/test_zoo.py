@@ -178,3 +178,35 @@ def test_no_models_is_a_usage_error(tmp_path: Path) -> None:
     assert _run(tmp_path) == 2
     assert _run() == 2
 
+
+
+def test_progress_is_a_bar_on_a_terminal_and_lines_in_a_log() -> None:
+    import io
+
+    from oxla.zoo.display import Progress
+
+    results = [ModelResult("a", "pass", first_run_s=0.5, latency_ms=1.0),
+               ModelResult("b", "error", "classify", "unsupported ops: com.example::Frobnicate")]
+    for tty in (True, False):
+        stream = io.StringIO()
+        progress = Progress(2, stream, tty=tty)
+        for r in results:
+            progress(r)
+        progress.close()
+        text = stream.getvalue()
+        if tty:
+            assert text.startswith("\r[") and "2/2 pass 1 error 1" in text and "Frobnicate" not in text
+        else:
+            assert text.splitlines()[1].startswith("[2/2] error") and "Frobnicate" in text
+
+
+def test_html_report_has_the_trend_and_the_groups() -> None:
+    from oxla.zoo.html import render_html
+
+    results = [ModelResult("a", "pass"), ModelResult("b", "error", "classify", "gap",
+                                                     ops=("com.example::Frobnicate",))]
+    summary = summarize(results, {"b": "pass"})
+    page = render_html(results, summary, {"oxla_version": "0.1.0"},
+                       [("t1", 2, 2), ("t2", 1, 2), ("t3", 1, 2)])
+    assert page.count("<polyline") == 2 and "<table class=\"sortable\">" in page
+    assert "Regressions</b>: b" in page and "com.example::Frobnicate</b>: 1" in page

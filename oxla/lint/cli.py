@@ -13,7 +13,9 @@ import onnx
 
 from oxla.errors import InputError, InvalidModelError
 from oxla.lint.fix import apply_fixes, save_atomically
+from oxla.lint.graph import bodies
 from oxla.lint.model import LintOptions, lint_model
+from oxla.lint.ops import external_tensors
 from oxla.lint.rules import ERROR, SEVERITIES, Finding
 from oxla.lint.schemas import Triage, lint_schemas, load_grandfather, triage, write_grandfather
 
@@ -99,8 +101,7 @@ def _lint_models(args: argparse.Namespace) -> list[tuple[str, Finding]]:
 
 
 def _fix(model: onnx.ModelProto, base: Path, out: Path) -> onnx.ModelProto:
-    has_external = any(t.data_location == onnx.TensorProto.EXTERNAL
-                       for t in onnx.external_data_helper._get_all_tensors(model))
+    has_external = any(True for _ in external_tensors(bodies(model)))
     if has_external and out.resolve().parent != base:
         raise InputError(f"the model keeps data in external files beside it; write --fix into "
                          f"the same folder ('{base}') so their relative locations still hold")

@@ -145,18 +145,24 @@ def _tensors(body: Body) -> Iterator[TensorProto]:
                 yield attr.sparse_tensor.indices
 
 
+def external_tensors(bodies: Sequence[Body]) -> Iterator[tuple[Body, TensorProto]]:
+    """(body, tensor) for every tensor that keeps its data in an external file."""
+    for body in bodies:
+        for tensor in _tensors(body):
+            if tensor.data_location == TensorProto.EXTERNAL:
+                yield body, tensor
+
+
 def check_external_data(bodies: Sequence[Body], base_dir: Path) -> list[Finding]:
     """external-data-outside and external-data-missing, without reading the data."""
     out = []
     root = base_dir.resolve()
-    for body in bodies:
-        for tensor in _tensors(body):
-            if tensor.data_location == TensorProto.EXTERNAL:
-                problem = _external_problem(tensor, root)
-                if problem is not None:
-                    rule, message = problem
-                    out.append(finding(rule, Where(body.label, tensor=tensor.name), message,
-                                       f"{body.label} {tensor.name}"))
+    for body, tensor in external_tensors(bodies):
+        problem = _external_problem(tensor, root)
+        if problem is not None:
+            rule, message = problem
+            out.append(finding(rule, Where(body.label, tensor=tensor.name), message,
+                               f"{body.label} {tensor.name}"))
     return out
 
 
