@@ -50,7 +50,7 @@ def add_zoo_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=300.0, metavar="S",
                    help="seconds per model before it is killed (default 300)")
     p.add_argument("--memory-mb", type=int, default=4096,
-                   help="address-space limit per model process, MiB (default 4096; 0: none)")
+                   help="memory limit per model process (RLIMIT_DATA), MiB (default 4096; 0: none)")
     p.add_argument("--only", action="append", default=[], metavar="GLOB",
                    help="only models whose path matches (repeatable)")
     p.add_argument("--strict", action="store_true", help="exit 1 when any model does not pass")

@@ -62,8 +62,11 @@ class _Progress:
 def child_main(case: ZooCase, options: WorkerOptions, conn: Connection) -> None:
     """Entry point of the child process: limit memory, evaluate, send the result back."""
     if options.memory_mb > 0:
+        # RLIMIT_DATA (heap and private writable mappings, Linux >= 4.7) follows what a model
+        # really allocates; RLIMIT_AS would also count the address space XLA's threads and
+        # malloc's arenas reserve without using (~1 GB more on a small model, growing with cores).
         limit = options.memory_mb << 20
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     conn.send({"result": evaluate(case, options, conn).to_json()})
     conn.close()
 
