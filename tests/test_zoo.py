@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -213,3 +215,17 @@ def test_html_report_has_the_trend_and_the_groups() -> None:
                        [("t1", 2, 2), ("t2", 1, 2), ("t3", 1, 2)])
     assert page.count("<polyline") == 2 and "<table class=\"sortable\">" in page
     assert "Regressions</b>: b" in page and "com.example::Frobnicate</b>: 1" in page
+
+
+def test_a_worker_that_dies_is_a_crash(tmp_path: Path) -> None:
+    # A script that runs the zoo at import time, unguarded: every child re-imports it and dies
+    # while starting, before it reaches the model. The run still ends, with that model a crash.
+    _folder(tmp_path, "good", RELU, X, np.maximum(X, 0))
+    script = tmp_path / "unguarded.py"
+    script.write_text("from oxla.cli import main\n"
+                      "main(['zoo', 'check', 'good', '--no-cache', '--json', 'out.json'])\n")
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    (model,) = json.loads((tmp_path / "out.json").read_text())["models"]
+    assert model["status"] == "crash" and "if __name__" in model["message"]
