@@ -1,4 +1,4 @@
-"""The `oxla` command: run, info (train, bench, zoo and lint come with their issues)."""
+"""The `oxla` command: run, info, train, zoo and lint."""
 
 from __future__ import annotations
 
@@ -41,9 +41,13 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument("--run", action="store_true",
                       help="also run it once on random inputs and report graph breaks")
 
+    from oxla.lint.cli import add_lint_parser
     from oxla.training.cli import add_train_parser
+    from oxla.zoo.cli import add_zoo_parser
 
     add_train_parser(sub)
+    add_zoo_parser(sub)
+    add_lint_parser(sub)
     return p
 
 
@@ -58,6 +62,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             from oxla.training.cli import cmd_train
 
             return cmd_train(args)
+        if args.command == "zoo":
+            from oxla.zoo.cli import cmd_zoo
+
+            return cmd_zoo(args)
+        if args.command == "lint":
+            from oxla.lint.cli import cmd_lint
+
+            return cmd_lint(args)
     except OxlaError as e:
         print(f"oxla: error: {e}", file=sys.stderr)
         return EXIT_ERROR
