@@ -17,24 +17,40 @@ from oxla.errors import (
 )
 from oxla.executor import x64
 from oxla.load import load_model
+from oxla.ort import (
+    ExecutionMode,
+    GraphOptimizationLevel,
+    ModelMetadata,
+    RunOptions,
+    SessionOptions,
+    get_available_providers,
+    get_device,
+)
 from oxla.session import InferenceSession, NodeArg
 from oxla.training import TrainingSession
 
 __all__ = [
     "CompiledModel",
+    "ExecutionMode",
+    "GraphOptimizationLevel",
     "InferenceSession",
     "InputError",
     "InvalidModelError",
     "LoweringError",
+    "ModelMetadata",
     "NodeArg",
     "NotStaticError",
     "OxlaError",
+    "RunOptions",
+    "SessionOptions",
     "ShapeError",
     "TrainingError",
     "TrainingSession",
     "UnsupportedOpError",
     "compile",
     "enable_compilation_cache",
+    "get_available_providers",
+    "get_device",
     "load_model",
     "training",
     "x64",

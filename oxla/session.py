@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +14,7 @@ import jax
 import numpy as np
 from onnx import ModelProto, TypeProto, ValueInfoProto
 
+from oxla import ort
 from oxla.compile import CompiledModel
 from oxla.dtypes import to_numpy_dtype, type_name
 from oxla.errors import InputError, OxlaError
@@ -18,6 +22,7 @@ from oxla.executor import DEFAULT_CACHE_SIZE
 from oxla.load import load_model
 from oxla.lowering.context import Options
 from oxla.lowering.values import to_host
+from oxla.training.checkpoint import save_model
 
 _ORT_TYPE_NAMES = {
     "float32": "float", "float64": "double", "object": "string", "bool": "bool",
@@ -63,7 +68,11 @@ class InferenceSession:
 
     Args:
         path_or_bytes: a .onnx path, serialized bytes, or a ModelProto.
-        sess_options, providers, provider_options: accepted for drop-in compatibility, ignored.
+        sess_options: an `oxla.SessionOptions` (or onnxruntime's): profiling, the optimized
+            model path and config entries are honoured; thread counts XLA cannot change warn.
+        providers: onnxruntime provider names in order of preference; the first one JAX has a
+            device for is used (CUDAExecutionProvider: a GPU), unknown ones warn and are skipped.
+        provider_options: per-provider option dicts, kept for `get_provider_options()`.
         bake_weights: compile initializers as constants rather than parameters.
         cache_size: how many compiled segments (one per input signature, more with graph
             breaks) to keep; the least recently used go first.
@@ -73,15 +82,48 @@ class InferenceSession:
                  sess_options: Any = None, providers: Any = None, provider_options: Any = None,
                  *, bake_weights: bool = False, cache_size: int = DEFAULT_CACHE_SIZE,
                  **_: Any) -> None:
-        model = load_model(path_or_bytes)
-        self._compiled = CompiledModel(model, Options(bake_weights=bake_weights, layout_weights=True),
-                                       copy=False, cache_size=cache_size)
+        ort.check_options(sess_options)
+        self._options = sess_options if sess_options is not None else ort.SessionOptions()
+        self._model = load_model(path_or_bytes)
+        self._profile: str | None = None
+        self._build_options = (bake_weights, cache_size)
+        self._place(providers, provider_options)
+        if getattr(self._options, "enable_profiling", False):
+            prefix = getattr(self._options, "profile_file_prefix", "") or "oxla_profile"
+            self._profile = f"{prefix}_{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+            jax.profiler.start_trace(self._profile)
+        path = getattr(self._options, "optimized_model_filepath", "")
+        if path:
+            save_model(self._compiled.model, path)
+
+    def _place(self, providers: Any, provider_options: Any) -> None:
+        """Compile for the device the providers ask for."""
+        if providers:
+            device, name = ort.choose_device(providers)
+        else:
+            device = jax.devices()[0]
+            name = ort.provider_for(device)
+        self._providers = [name] if name == ort.CPU else [name, ort.CPU]
+        given = list(provider_options or [])
+        self._provider_options = {p: dict(given[i]) if i < len(given) else {}
+                                  for i, p in enumerate(self._providers)}
+        self._device = None if device == jax.devices()[0] else device
+        bake_weights, cache_size = self._build_options
+        with self._on_device():
+            model = ModelProto()
+            model.CopyFrom(self._model)
+            self._compiled = CompiledModel(model, Options(bake_weights=bake_weights, layout_weights=True),
+                                           copy=False, cache_size=cache_size)
         graph = self._compiled.model.graph
         inputs = {i.name: i for i in graph.input}
         self._inputs = [inputs[name] for name in self._compiled.input_names]
+        self._overridable = [i for i in graph.input if i.name in self._compiled.plan.overridable]
         self._outputs = list(graph.output)
         self._output_index = {name: i for i, name in enumerate(self._compiled.output_names)}
         self._fast = tuple(_fast_check(i) for i in self._inputs)
+
+    def _on_device(self) -> Any:
+        return contextlib.nullcontext() if self._device is None else jax.default_device(self._device)
 
     @property
     def compiled(self) -> CompiledModel:
@@ -93,19 +135,67 @@ class InferenceSession:
     def get_outputs(self) -> list[NodeArg]:
         return [_node_arg(o) for o in self._outputs]
 
+    def get_overridable_initializers(self) -> list[NodeArg]:
+        """Initializers that are also graph inputs: a feed of that name replaces the value."""
+        return [_node_arg(i) for i in self._overridable]
+
+    def get_modelmeta(self) -> ort.ModelMetadata:
+        return ort.model_metadata(self._model)
+
     def get_providers(self) -> list[str]:
-        return ["XLA"]
+        """onnxruntime's names for the device this session runs on (then the CPU fallback)."""
+        return list(self._providers)
+
+    def get_provider_options(self) -> dict[str, dict[str, Any]]:
+        return {k: dict(v) for k, v in self._provider_options.items()}
+
+    def set_providers(self, providers: Any = None, provider_options: Any = None) -> None:
+        """Move the session to the device the providers ask for (recompiles there)."""
+        self._place(providers, provider_options)
+
+    def get_session_options(self) -> Any:
+        return self._options
+
+    def end_profiling(self) -> str:
+        """Stop the profiler trace that `enable_profiling` started; returns the trace folder."""
+        if self._profile is None:
+            return ""
+        jax.profiler.stop_trace()
+        path, self._profile = self._profile, None
+        return path
+
+    def run_async(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
+                  callback: Callable[[Any, Any, str], None], user_data: Any = None,
+                  run_options: Any = None) -> None:
+        """Run on another thread, then call callback(outputs, user_data, error message)."""
+        def work() -> None:
+            try:
+                outputs = self.run(output_names, input_feed, run_options)
+            except Exception as e:  # handed to the callback, as onnxruntime does
+                callback(None, user_data, str(e))
+                return
+            callback(outputs, user_data, "")
+
+        threading.Thread(target=work, daemon=True).start()
 
     def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
             run_options: Any = None) -> list[Any]:
+        if self._device is not None:
+            with self._on_device():
+                return self._run(output_names, input_feed, run_options)
+        return self._run(output_names, input_feed, run_options)
+
+    def _run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
+             run_options: Any = None) -> list[Any]:
         """Run the model; output_names None means every output.
 
         Raises:
             InputError: an unknown or missing input, or a feed whose dtype or shape does not match
                 the model's declaration.
         """
+        host = to_host if not getattr(run_options, "device_outputs", False) else _keep
         values = self._fast_feeds(input_feed)
-        if values is not None:
+        if values is not None and host is to_host:
             outs = self._compiled.run_fast(values)
             if outs is not None:
                 if not output_names:
@@ -116,7 +206,7 @@ class InferenceSession:
         for name in wanted:
             self._index(name)
         results = self._compiled(feeds)
-        return [to_host(results[n]) for n in wanted]
+        return [host(results[n]) for n in wanted]
 
     def _index(self, name: str) -> int:
         try:
@@ -160,6 +250,10 @@ class InferenceSession:
         return out
 
 
+def _keep(value: Any) -> Any:
+    return value
+
+
 def _fast_check(info: ValueInfoProto) -> tuple[str, Any, int, tuple[tuple[int, int], ...]]:
     """(name, dtype, rank, fixed dims) a plain feed must match; anything else takes the checks."""
     tp = info.type
@@ -189,6 +283,8 @@ def _check_value(name: str, value: Any, tp: TypeProto) -> Any:
         return [_check_value(name, v, tp.sequence_type.elem_type) for v in value]
     if kind != "tensor_type":
         return value
+    if isinstance(value, list | tuple) and tp.tensor_type.elem_type:  # cast as onnxruntime does
+        value = np.asarray(value, to_numpy_dtype(tp.tensor_type.elem_type))
     # device arrays stay where they are: only their dtype and shape are checked
     arr = value if isinstance(value, np.ndarray | jax.Array) else np.asarray(value)
     want = to_numpy_dtype(tp.tensor_type.elem_type) if tp.tensor_type.elem_type else None
