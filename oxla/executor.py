@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from oxla.errors import LoweringError
+from oxla.errors import InputError, LoweringError
 from oxla.lowering.context import NeedStatic, Scope
 from oxla.lowering.interpreter import Interpreter
 from oxla.lowering.values import Value, is_static, to_static
@@ -66,6 +66,7 @@ class Segment:
     statics: dict[str, Value]            # values it computed while tracing (live after it)
     call: Callable[..., Any] | None      # the executable: (*parameter leaves, *input leaves)
     uid: int = 0                         # identifies it in the keys of the segments after it
+    checks: tuple[str, ...] = ()         # messages of its run-time checks (a code output follows)
     # The fast path's view: feed positions of `inputs` (None: in order), how to assemble the graph
     # outputs ("out", i) | ("in", i) | ("value", v) (None: the outputs are the graph's, in order),
     # and whether an argument is 64-bit (the call then needs the 64-bit scope).
@@ -147,6 +148,8 @@ class Executor:
                 outs = seg.call(*self._leaves, *args)
         else:  # no 64-bit argument: the executable needs no 64-bit scope to take them
             outs = seg.call(*self._leaves, *args)
+        if seg.checks:
+            outs = _checked(seg, outs)
         if seg.fast is None:
             return outs
         return [outs[x] if kind == "out" else values[x] if kind == "in" else x for kind, x in seg.fast]
@@ -163,7 +166,8 @@ class Executor:
                 first = first or seg
                 if seg.call is not None:
                     args = jax.tree.leaves([env.traced[n] for n in seg.inputs])
-                    env.traced.update(zip(seg.outputs, seg.call(*self._leaves, *args)))
+                    outs = seg.call(*self._leaves, *args)
+                    env.traced.update(zip(seg.outputs, _checked(seg, outs) if seg.checks else outs))
                 env.static.update(seg.statics)
                 if seg.stop is None:
                     break
@@ -237,7 +241,7 @@ class Executor:
         wide = isinstance(seg.call, jax.stages.Compiled) or any(
             np.dtype(a.dtype) in _WIDE for a in (*self._leaves, *feeds.values()))
         entry = Segment(seg.pos, None, seg.inputs, seg.in_tree, seg.outputs, seg.statics, seg.call,
-                        seg.uid, None if order == tuple(range(len(names))) else order,
+                        seg.uid, seg.checks, None if order == tuple(range(len(names))) else order,
                         None if direct else tuple(fast), wide)
         slot = self._cache.setdefault(tuple([(feeds[n].shape, feeds[n].dtype) for n in names]), _Slot())
         slot.segment = entry
@@ -258,7 +262,11 @@ class Executor:
             scope.values.update(static_in)
             scope.values.update(dict.fromkeys(host, HOST))
             scope.values.update(zip(traced, jax.tree.unflatten(in_tree, args[n_params:])))
-            stop = self._trace(pos, scope, frozenset(host))
+            self.interpreter.begin_checks()
+            try:
+                stop = self._trace(pos, scope, frozenset(host))
+            finally:
+                checks = self.interpreter.end_checks()
             live = plan.live_after(len(plan.nodes) if stop is None else stop)
             made = {n: v for n, v in scope.values.items() if n in live and n not in traced
                     and n not in plan.constants and n not in plan.parameters and n not in static_in
@@ -266,17 +274,19 @@ class Executor:
             record["stop"] = stop
             record["statics"] = {n: v for n, v in made.items() if is_static(v)}
             record["outputs"] = tuple(sorted(n for n, v in made.items() if not is_static(v)))
-            return tuple(made[n] for n in record["outputs"])
+            record["checks"] = tuple(message for _, _, message in checks)
+            outs = tuple(made[n] for n in record["outputs"])
+            return (*outs, _check_code(checks)) if checks else outs
 
         specs = [_spec(v) for v in (*self._leaves, *leaves)]
         lowered = jax.jit(segment).lower(*specs)
         call = None
-        if record["outputs"]:  # a segment with no traced outputs needs no XLA
+        if record["outputs"] or record["checks"]:  # no traced outputs, no checks: no XLA
             call = _entry(lowered.compile())
             with self._stats_lock:
                 self._compiles += 1
         return Segment(pos, record["stop"], traced, in_tree, record["outputs"], record["statics"], call,
-                       next(_UIDS))
+                       next(_UIDS), record["checks"])
 
     def _trace(self, pos: int, scope: Scope, host: frozenset[str]) -> int | None:
         """Run nodes from `pos` until one needs a run-time value static; returns its index."""
@@ -314,6 +324,25 @@ class Executor:
             if name:
                 value = scope.get(name)
                 (env.host if _host_only(value) else env.traced)[name] = value
+
+
+def _check_code(checks: Sequence[tuple[Any, Any, str]]) -> Any:
+    """int64[2]: the index of the first failed check (-1: none failed) and its witness value."""
+    import jax.numpy as jnp
+
+    oks = jnp.stack([jnp.all(ok) for ok, _, _ in checks])
+    witnesses = jnp.stack([jnp.asarray(0 if w is None else w, jnp.int64).reshape(()) for _, w, _ in checks])
+    first = jnp.argmin(oks)  # the first False; 0 when every check holds
+    failed = ~jnp.all(oks)
+    return jnp.stack([jnp.where(failed, first, -1).astype(jnp.int64), witnesses[first]])
+
+
+def _checked(seg: Segment, outs: Sequence[Any]) -> Sequence[Any]:
+    """The outputs without the check code; raises InputError when a check failed."""
+    code = np.asarray(outs[-1])
+    if code[0] >= 0:
+        raise InputError(seg.checks[int(code[0])].format(witness=int(code[1])))
+    return outs[:-1]
 
 
 def _entry(compiled: Any) -> Callable[..., Any]:

@@ -76,6 +76,11 @@ class Runner(Protocol):
     def run_nodes(self, nodes: Sequence[NodeProto], scope: Scope, opsets: Mapping[str, int],
                   graph: Sequence[NodeProto] | None = None) -> None: ...
 
+    def run_nested(self, nodes: Sequence[NodeProto], scope: Scope, opsets: Mapping[str, int],
+                   graph: Sequence[NodeProto]) -> None: ...
+
+    def add_check(self, ok: Any, witness: Any, message: str) -> None: ...
+
 
 class Context:
     """Passed as `cx` to every rule."""
@@ -159,8 +164,22 @@ class Context:
                  names: Sequence[str]) -> list[Value]:
         """Run `nodes` of this node's graph with `bindings` overriding values; returns `names`."""
         scope = Scope(self._scope, bindings)
-        self._runner.run_nodes(nodes, scope, self.opsets, self._graph)
+        self._runner.run_nested(nodes, scope, self.opsets, self._graph)
         return [scope.get(n) for n in names]
+
+    def check(self, ok: Value, message: str, witness: Value = None) -> None:
+        """Fail unless every element of `ok` is true, where the spec calls the input an error.
+
+        Static: raises now. Traced: the compiled segment reports the first failed check after
+        it runs, and the call raises an InputError; `{witness}` in the message shows the
+        offending value. Checks inside subgraphs and model.fn's own traces are not made.
+        """
+        if is_static(ok):
+            if not np.all(ok):
+                shown = np.asarray(witness if witness is not None else ["?"]).reshape(-1)
+                raise self.fail(message.format(witness=shown[0] if shown.size else "?"))
+            return
+        self._runner.add_check(ok, witness, f"{self.ref.describe()}: {message}")
 
     # --- errors -------------------------------------------------------------------------------
 

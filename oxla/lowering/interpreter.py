@@ -7,6 +7,7 @@ threads may trace or run host steps through one interpreter at once.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,6 +35,35 @@ class Interpreter:
         self.dispatch = dispatch
         self._bodies: LRU[FunctionProto] = LRU(BODY_CACHE)
         self.ran: set[tuple[str, str, str, int]] = set()  # (kind, domain, op, opset) seen running
+        self._local = threading.local()  # the checks of the trace this thread is running
+
+    # --- run-time checks ----------------------------------------------------------------------
+
+    def begin_checks(self) -> None:
+        """Collect the checks rules make while this thread traces a segment."""
+        self._local.checks = []
+        self._local.depth = 0
+
+    def end_checks(self) -> list[tuple[Any, Any, str]]:
+        checks = getattr(self._local, "checks", None) or []
+        self._local.checks = None
+        return checks
+
+    def add_check(self, ok: Any, witness: Any, message: str) -> None:
+        """A traced condition the segment must report; only at the segment's own trace level
+        (a value from inside a loop body or a gradient cannot leave it)."""
+        checks = getattr(self._local, "checks", None)
+        if checks is not None and getattr(self._local, "depth", 0) == 0:
+            checks.append((ok, witness, message))
+
+    def run_nested(self, nodes: Sequence[NodeProto], scope: Scope, opsets: Mapping[str, int],
+                   graph: Sequence[NodeProto]) -> None:
+        """run_nodes for a rule that traces nodes inside its own JAX transformation."""
+        self._local.depth = getattr(self._local, "depth", 0) + 1
+        try:
+            self.run_nodes(nodes, scope, opsets, graph)
+        finally:
+            self._local.depth -= 1
 
     # --- graphs -------------------------------------------------------------------------------
 
@@ -47,7 +77,11 @@ class Interpreter:
         scope = Scope(outer, initializer_values(graph))
         for info, value in zip(graph.input, inputs):
             scope.set(info.name, value)
-        self.run_nodes(graph.node, scope, opsets)
+        self._local.depth = getattr(self._local, "depth", 0) + 1
+        try:
+            self.run_nodes(graph.node, scope, opsets)
+        finally:
+            self._local.depth -= 1
         return [_read(scope, o.name, graph.name) for o in graph.output]
 
     def run_nodes(self, nodes: Sequence[NodeProto], scope: Scope, opsets: Mapping[str, int],

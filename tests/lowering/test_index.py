@@ -233,3 +233,38 @@ def test_non_zero_breaks_the_graph_between_traced_nodes() -> None:
     data = np.array([[0, -1, 2], [3, 0, 0]], np.float32)
     (got,) = run_oxla(model, {"x": data})
     assert got.tolist() == int(np.stack(np.nonzero(data)).sum())
+
+
+# --- out-of-range indices at run time: an error naming the node, as in onnxruntime -------------
+
+U = RNG.standard_normal((3, 4, 2)).astype(np.float32)
+OUT_OF_RANGE = [
+    ("Gather", {"x": X, "i": _i(0, 3)}, {}, "Gather node 'n'.*size 3 .*got 3"),
+    ("Gather", {"x": X, "i": _i([0, -5])}, {"axis": 1}, "size 4 .*got -5"),
+    ("GatherElements", {"x": X, "i": np.full((3, 4, 2), 7, I64)}, {"axis": 1}, "GatherElements.*got 7"),
+    ("GatherND", {"x": X, "i": _i([0, 4])}, {}, "GatherND.*size 4 .*got 4"),
+    ("ScatterElements", {"x": X, "i": np.full((3, 4, 2), -9, I64), "u": U}, {"axis": 2},
+     "ScatterElements.*size 2 .*got -9"),
+    ("ScatterND", {"x": X, "i": _i([5]), "u": X[:1]}, {}, "ScatterND.*size 3 .*got 5"),
+]
+
+
+@pytest.mark.parametrize("op,feeds,attrs,message", OUT_OF_RANGE,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(OUT_OF_RANGE)])
+def test_runtime_indices_out_of_range_are_an_error(op: str, feeds: dict, attrs: dict, message: str) -> None:
+    import onnxruntime as ort
+
+    import oxla
+    from tests.lowering.util import node_model
+
+    model = node_model(op, feeds, **attrs)
+    model.graph.node[0].name = "n"
+    with pytest.raises(Exception, match="out of|invalid ind|Out of range"):  # so does onnxruntime
+        ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    sess = oxla.InferenceSession(model.SerializeToString())
+    with pytest.raises(oxla.InputError, match=message):
+        sess.run(None, feeds)
+    good = {k: (np.zeros_like(v) if k == "i" else v) for k, v in feeds.items()}
+    sess.run(None, good)  # the same compiled code runs in-range indices
+    with pytest.raises(oxla.InputError, match=message):  # and the fast path checks too
+        sess.run(None, feeds)

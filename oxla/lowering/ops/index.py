@@ -10,12 +10,19 @@ from oxla.lowering.registry import rule
 
 
 def _wrap(cx, indices, size: int | np.ndarray, what: str = "indices"):
-    """Indices as int64 with negative ones counted from the end; static ones are range-checked."""
+    """Indices as int64 with negative ones counted from the end; out-of-range ones are an error
+    (the spec's; onnxruntime raises too), checked now when static, after the run when traced."""
     indices = indices.astype(np.int64)
     if cx.is_static(indices) and np.size(indices):
         bad = (indices < -np.asarray(size)) | (indices >= np.asarray(size))
         if np.any(bad):
             raise cx.fail(f"{what} {np.asarray(indices)[bad].tolist()} out of range for size {size}")
+    elif np.size(indices):
+        n = np.asarray(size, np.int64)
+        ok = ((indices >= -n) & (indices < n)).reshape(-1)
+        witness = indices.reshape(-1)[jnp.argmin(ok)]
+        cx.check(ok, f"{what} out of range for size {size} (valid: {-int(n)}..{int(n) - 1}), "
+                     "got {witness}", witness)
     return jnp.where(indices < 0, indices + jnp.asarray(size, jnp.int64), indices)
 
 
