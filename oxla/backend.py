@@ -11,18 +11,21 @@ import onnx
 from onnx import ModelProto, NodeProto, helper
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType
 
-from oxla.compile import CompiledModel
 from oxla.dtypes import to_onnx_type
+from oxla.errors import InputError
 from oxla.load import load_model
-from oxla.lowering.context import Options
-from oxla.lowering.values import to_host
+from oxla.session import InferenceSession
 
 
 class OxlaRep(BackendRep):
-    """A prepared model: run(inputs) with inputs positional (graph order) or by name."""
+    """A prepared model: run(inputs) with inputs positional (graph order) or by name.
 
-    def __init__(self, compiled: CompiledModel) -> None:
-        self.compiled = compiled
+    Feeds are checked as InferenceSession.run checks them (names, count, dtypes, shapes).
+    """
+
+    def __init__(self, session: InferenceSession) -> None:
+        self.session = session
+        self.compiled = session.compiled
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
         names = self.compiled.input_names
@@ -31,12 +34,11 @@ class OxlaRep(BackendRep):
         else:
             if isinstance(inputs, np.ndarray):
                 inputs = [inputs]
+            inputs = list(inputs)
+            if len(inputs) > len(names):
+                raise InputError(f"{len(inputs)} inputs given, the model takes {len(names)}: {names}")
             feeds = dict(zip(names, inputs))
-        for name in names:
-            feeds.setdefault(name, None)
-        results = self.compiled(feeds)
-        return tuple(to_host(results[n]) for n in self.compiled.output_names)
-
+        return tuple(self.session.run(None, feeds))
 
 
 class OxlaBackend(Backend):
@@ -49,8 +51,7 @@ class OxlaBackend(Backend):
     @classmethod
     def prepare(cls, model: ModelProto, device: str = "CPU", **kwargs: Any) -> OxlaRep:
         proto = load_model(model)
-        options = Options(bake_weights=bool(kwargs.get("bake_weights", False)), layout_weights=True)
-        return OxlaRep(CompiledModel(proto, options, copy=False))
+        return OxlaRep(InferenceSession(proto, bake_weights=bool(kwargs.get("bake_weights", False))))
 
     @classmethod
     def run_model(cls, model: ModelProto, inputs: Any, device: str = "CPU",
@@ -75,7 +76,7 @@ class OxlaBackend(Backend):
         if domain not in ("", "ai.onnx"):
             imports.append(helper.make_opsetid(domain, 1))
         model = helper.make_model(graph, opset_imports=imports)
-        rep = OxlaRep(CompiledModel(load_model(model, check=False), copy=False))
+        rep = OxlaRep(InferenceSession(load_model(model, check=False)))
         return rep.run(dict(zip(names, values)))
 
     @classmethod

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import helper
 
 from oxla import backend
@@ -27,3 +28,21 @@ def test_prepare_and_run_model_positional_and_named() -> None:
 def test_supports_device() -> None:
     assert backend.supports_device("CPU")
     assert isinstance(backend.supports_device("CUDA"), bool)
+
+
+def test_rep_run_checks_feeds_as_the_session_does() -> None:
+    import oxla
+
+    model = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 18]>
+        g (float[2, 3] a, float[2, 3] b) => (float[2, 3] y) { y = Add(a, b) }
+    """)
+    rep = backend.prepare(model)
+    a = np.ones((2, 3), np.float32)
+    assert rep.run([a, a])[0].tolist() == (a + a).tolist()
+    with pytest.raises(oxla.InputError, match="dtype float"):
+        rep.run([a.astype(np.float64), a])
+    with pytest.raises(oxla.InputError, match=r"shape \(2, 3\)"):
+        rep.run([np.ones((5, 3), np.float32), a])
+    with pytest.raises(oxla.InputError, match="3 inputs given, the model takes 2"):
+        rep.run([a, a, a])
