@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import onnx
 from google.protobuf.message import DecodeError
@@ -42,6 +43,7 @@ def load_model(source: ModelSource, *, base_dir: str | os.PathLike[str] | None =
             or outside the model's folder.
     """
     data: bytes | None = None  # the serialized model, when we have it: checking it skips a copy
+    path_text = ""
     if isinstance(source, ModelProto):
         model = ModelProto()
         model.CopyFrom(source)
@@ -57,18 +59,20 @@ def load_model(source: ModelSource, *, base_dir: str | os.PathLike[str] | None =
         except OSError as e:
             raise InvalidModelError(f"cannot read model file '{path}': {e.strerror}") from None
         model = _parse(data, str(path))
-        label = str(path)
+        label = path_text = str(path)
         base_dir = path.resolve().parent if base_dir is None else base_dir
     if not model.HasField("graph"):
         raise InvalidModelError(f"{label}: the model has no graph (is this an ONNX file?)")
     if model.ir_version <= 0:
         raise InvalidModelError(f"{label}: the model has no ir_version (is this an ONNX file?)")
-    if _resolve_external_data(model, None if base_dir is None else Path(base_dir), label):
-        data = None  # the proto now differs from the file
+    external = _resolve_external_data(model, None if base_dir is None else Path(base_dir), label)
     if check:
+        # The checker takes the file's bytes (serializing a large proto costs more than checking
+        # it); a model with external data is checked by path, which finds the data files beside
+        # it without loading them (a proto over 2 GiB cannot be serialized at all).
+        target: Any = path_text if external and path_text else data if not external else model
         try:
-            # the C++ checker takes bytes: serializing a large proto costs more than checking it
-            onnx.checker.check_model(data if data is not None else model)
+            onnx.checker.check_model(target)
         except onnx.checker.ValidationError as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else "validation failed"
             if not any(benign in first for benign in BENIGN_CHECKER_ERRORS):
@@ -90,30 +94,37 @@ def _parse(data: bytes, label: str) -> ModelProto:
     return model
 
 
-def iter_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
-    """Every TensorProto a graph holds: initializers, sparse ones, Constant attributes, subgraphs."""
-    yield from graph.initializer
-    for sparse in graph.sparse_initializer:
-        yield sparse.values
-        yield sparse.indices
-    for node in graph.node:
+def _node_tensors(nodes: Iterable[onnx.NodeProto]) -> Iterator[TensorProto]:
+    """Every TensorProto in nodes' attributes (dense, sparse, lists), subgraphs included."""
+    for node in nodes:
         for attr in node.attribute:
             if attr.HasField("t"):
                 yield attr.t
             yield from attr.tensors
+            sparse = [attr.sparse_tensor] if attr.HasField("sparse_tensor") else []
+            for s in (*sparse, *attr.sparse_tensors):
+                yield s.values
+                yield s.indices
             if attr.HasField("g"):
                 yield from iter_tensors(attr.g)
             for g in attr.graphs:
                 yield from iter_tensors(g)
 
 
+def iter_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
+    """Every TensorProto a graph holds: initializers, sparse ones, node attributes, subgraphs."""
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield sparse.values
+        yield sparse.indices
+    yield from _node_tensors(graph.node)
+
+
 def _model_tensors(model: ModelProto) -> Iterator[TensorProto]:
+    """Every TensorProto of the model: graphs, model-local functions and training graphs."""
     yield from iter_tensors(model.graph)
     for fn in model.functions:
-        for node in fn.node:
-            for attr in node.attribute:
-                if attr.HasField("t"):
-                    yield attr.t
+        yield from _node_tensors(fn.node)
     for info in model.training_info:
         yield from iter_tensors(info.initialization)
         yield from iter_tensors(info.algorithm)
@@ -140,10 +151,16 @@ def _resolve_external_data(model: ModelProto, base_dir: Path | None, label: str)
 
 
 def read_external(base_dir: Path, name: str, info: dict[str, str]) -> bytes:
-    """Read one tensor's external data, refusing any location outside `base_dir`."""
+    """Read one tensor's external data, refusing any location outside `base_dir`.
+
+    Checked before a byte is read: a relative location without NUL bytes, inside the folder
+    after resolving symlinks, naming a regular file, with offset and length inside the file.
+    """
     location = info.get("location", "")
     if not location:
         raise InvalidModelError(f"tensor '{name}': external data without a 'location'")
+    if "\0" in location:
+        raise InvalidModelError(f"tensor '{name}': external data location contains a NUL byte")
     if os.path.isabs(location) or location.startswith(("/", "\\")) or ":" in location:
         raise InvalidModelError(
             f"tensor '{name}': external data location '{location}' is an absolute path; "
@@ -158,15 +175,23 @@ def read_external(base_dir: Path, name: str, info: dict[str, str]) -> bytes:
         )
     if not target.is_file():
         raise InvalidModelError(
-            f"tensor '{name}': external data file '{location}' not found in '{root}'"
+            f"tensor '{name}': external data file '{location}' not found in '{root}' (or not a "
+            "regular file)"
         )
     try:
         offset = int(info.get("offset", "0") or 0)
         length = int(info["length"]) if info.get("length") else None
     except ValueError:
         raise InvalidModelError(f"tensor '{name}': external data offset/length are not integers") from None
+    size = target.stat().st_size
     if offset < 0 or (length is not None and length < 0):
         raise InvalidModelError(f"tensor '{name}': negative external data offset or length")
+    if offset > size or (length is not None and offset + length > size):
+        raise InvalidModelError(
+            f"tensor '{name}': external data file '{location}' is short: wanted "
+            f"{'the rest' if length is None else f'{length} bytes'} at offset {offset}, the file "
+            f"has {size} bytes"
+        )
     with open(target, "rb") as f:
         f.seek(offset)
         data = f.read() if length is None else f.read(length)

@@ -154,3 +154,104 @@ def test_unsupported_old_schema_gives_its_reason() -> None:
     """)
     with pytest.raises(UnsupportedOpError, match=r"ai.onnx::GRU at opset 5 .*onnx.version_converter"):
         oxla.InferenceSession(m.SerializeToString())
+
+
+# --- every external reference, at any depth, resolved inside the model's folder only ---------
+
+def _externalize(tensor: onnx.TensorProto, location: str, offset: int = 0, length: int | None = None) -> bytes:
+    raw = numpy_helper.to_array(tensor).tobytes()
+    for field in ("raw_data", "float_data", "int64_data", "int32_data"):
+        tensor.ClearField(field)
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for k, v in {"location": location, "offset": str(offset),
+                 "length": str(len(raw) if length is None else length)}.items():
+        tensor.external_data.add(key=k, value=v)
+    return raw
+
+
+def _sparse_constant_model() -> onnx.ModelProto:
+    values = numpy_helper.from_array(np.array([5.0, 7.0], np.float32), "vals")
+    indices = numpy_helper.from_array(np.array([1, 3], np.int64), "idx")
+    sparse = helper.make_sparse_tensor(values, indices, [4])
+    node = helper.make_node("Constant", [], ["y"], sparse_value=sparse)
+    graph = helper.make_graph([node], "g", [], [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_sparse_constant_external_data_inside_the_folder_loads(tmp_path: Path) -> None:
+    model = _sparse_constant_model()
+    raw = _externalize(model.graph.node[0].attribute[0].sparse_tensor.values, "vals.bin")
+    (tmp_path / "vals.bin").write_bytes(raw)
+    (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
+    (y,) = oxla.InferenceSession(str(tmp_path / "m.onnx")).run(None, {})
+    assert y.tolist() == [0.0, 5.0, 0.0, 7.0]
+
+
+def test_sparse_constant_external_data_outside_the_folder_is_refused(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(np.array([1.0, 2.0], np.float32).tobytes())
+    (tmp_path / "model").mkdir()
+    model = _sparse_constant_model()
+    _externalize(model.graph.node[0].attribute[0].sparse_tensor.values, "../secret.bin")
+    (tmp_path / "model" / "m.onnx").write_bytes(model.SerializeToString())
+    cwd = os.getcwd()
+    os.chdir(tmp_path / "model")  # the old resolver read Constant data relative to the cwd
+    try:
+        with pytest.raises(InvalidModelError, match="escapes the model's folder"):
+            oxla.InferenceSession(str(tmp_path / "model" / "m.onnx"))
+    finally:
+        os.chdir(cwd)
+
+
+def _function_with_if_tensor() -> onnx.ModelProto:
+    """A model-local function whose If branch holds a Constant tensor."""
+    const = helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.array([3.0], np.float32)))
+    then = helper.make_graph([const], "then", [], [helper.make_tensor_value_info("c", onnx.TensorProto.FLOAT, [1])])
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["o"])], "else", [],
+                              [helper.make_tensor_value_info("o", onnx.TensorProto.FLOAT, [1])])
+    body = [helper.make_node("If", ["cond"], ["r"], then_branch=then, else_branch=other)]
+    fn = helper.make_function("local", "Pick", ["cond", "x"], ["r"], body,
+                              [helper.make_opsetid("", 17)])
+    graph = helper.make_graph(
+        [helper.make_node("Pick", ["cond", "x"], ["y"], domain="local")], "g",
+        [helper.make_tensor_value_info("cond", onnx.TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+    return helper.make_model(graph, functions=[fn], opset_imports=[helper.make_opsetid("", 17),
+                                                                   helper.make_opsetid("local", 1)])
+
+
+@pytest.mark.parametrize("inside", [True, False])
+def test_tensor_in_an_if_inside_a_local_function(tmp_path: Path, inside: bool) -> None:
+    model = _function_with_if_tensor()
+    then = next(a.g for a in model.functions[0].node[0].attribute if a.name == "then_branch")
+    tensor = then.node[0].attribute[0].t
+    location = "c.bin" if inside else "../c.bin"
+    raw = _externalize(tensor, location)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "c.bin").write_bytes(raw)
+    (tmp_path / "c.bin").write_bytes(np.array([99.0], np.float32).tobytes())
+    (folder / "m.onnx").write_bytes(model.SerializeToString())
+    if not inside:
+        with pytest.raises(InvalidModelError, match="escapes the model's folder"):
+            oxla.InferenceSession(str(folder / "m.onnx"))
+        return
+    sess = oxla.InferenceSession(str(folder / "m.onnx"))
+    assert sess.run(None, {"cond": np.array(True), "x": np.array([1.0], np.float32)})[0].tolist() == [3.0]
+
+
+@pytest.mark.parametrize("location,offset,length,message", [
+    ("weights.bin\x00.txt", 0, None, "NUL byte"),
+    ("weights.bin", 2**70, None, "short"),
+    ("weights.bin", 0, 2**62, "short"),
+    ("weights.bin", 8, 256, "short"),
+])
+def test_hostile_external_data_entries(tmp_path: Path, location: str, offset: int, length: int | None,
+                                       message: str) -> None:
+    model = _model_with_weight()
+    raw = _externalize(model.graph.initializer[0], location, offset, length)
+    (tmp_path / "weights.bin").write_bytes(raw)
+    (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
+    with pytest.raises(InvalidModelError, match=message):
+        oxla.InferenceSession(str(tmp_path / "m.onnx"))
