@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -65,6 +66,8 @@ def load_model(source: ModelSource, *, base_dir: str | os.PathLike[str] | None =
         raise InvalidModelError(f"{label}: the model has no graph (is this an ONNX file?)")
     if model.ir_version <= 0:
         raise InvalidModelError(f"{label}: the model has no ir_version (is this an ONNX file?)")
+    _check_opsets(model, label)
+    _check_tensor_types(model, label)
     external = _resolve_external_data(model, None if base_dir is None else Path(base_dir), label)
     if check:
         # The checker takes the file's bytes (serializing a large proto costs more than checking
@@ -79,6 +82,46 @@ def load_model(source: ModelSource, *, base_dir: str | os.PathLike[str] | None =
                 raise InvalidModelError(
                     f"{label}: onnx.checker rejects the model: {first}") from None
     return model
+
+
+@functools.cache
+def _known_opsets() -> dict[str, int]:
+    """The newest opset the installed onnx defines for each of its domains."""
+    newest: dict[str, int] = {}
+    for schema in onnx.defs.get_all_schemas_with_history():
+        newest[schema.domain] = max(newest.get(schema.domain, 0), schema.since_version)
+    return newest
+
+
+def _check_opsets(model: ModelProto, label: str) -> None:
+    """An ONNX domain imported at an opset newer than this onnx knows is refused, not guessed at."""
+    known = _known_opsets()
+    for entry in model.opset_import:
+        domain = "" if entry.domain == "ai.onnx" else entry.domain
+        if domain in known and entry.version > known[domain]:
+            raise InvalidModelError(
+                f"{label}: the model imports domain '{entry.domain or 'ai.onnx'}' at opset "
+                f"{entry.version}, newer than the {known[domain]} this onnx {onnx.__version__} "
+                "defines; upgrade onnx/oxla or convert the model to an older opset")
+
+
+_TYPES = frozenset(TensorProto.DataType.values())
+
+
+def _check_tensor_types(model: ModelProto, label: str) -> None:
+    """Unknown element types and string data that is not UTF-8, named by tensor."""
+    for tensor in _model_tensors(model):
+        name = tensor.name or "<unnamed>"
+        if tensor.data_type not in _TYPES or tensor.data_type == TensorProto.UNDEFINED:
+            raise InvalidModelError(f"{label}: tensor '{name}' has unknown data type {tensor.data_type}")
+        if tensor.data_type == TensorProto.STRING:
+            for value in tensor.string_data:
+                try:
+                    value.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise InvalidModelError(
+                        f"{label}: string tensor '{name}' holds bytes that are not UTF-8 ({e.reason} "
+                        f"at byte {e.start})") from None
 
 
 def _parse(data: bytes, label: str) -> ModelProto:

@@ -255,3 +255,27 @@ def test_hostile_external_data_entries(tmp_path: Path, location: str, offset: in
     (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
     with pytest.raises(InvalidModelError, match=message):
         oxla.InferenceSession(str(tmp_path / "m.onnx"))
+
+
+def test_an_opset_newer_than_onnx_knows_is_refused() -> None:
+    model = _model_with_weight()
+    model.opset_import[0].version = 999
+    with pytest.raises(InvalidModelError, match="opset 999, newer than the"):
+        oxla.InferenceSession(model.SerializeToString())
+
+
+def test_unknown_data_type_is_named() -> None:
+    model = _model_with_weight()
+    model.graph.initializer[0].data_type = 1234
+    with pytest.raises(InvalidModelError, match="tensor 'w' has unknown data type 1234"):
+        oxla.load_model(model.SerializeToString(), check=False)
+
+
+def test_string_data_that_is_not_utf8_is_named() -> None:
+    tensor = helper.make_tensor("s", onnx.TensorProto.STRING, [1], [b"ok"])
+    tensor.string_data[0] = b"\xff\xfe"
+    out = helper.make_tensor_value_info("y", onnx.TensorProto.STRING, [1])
+    graph = helper.make_graph([helper.make_node("Identity", ["s"], ["y"])], "g", [], [out], [tensor])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(InvalidModelError, match="string tensor 's' holds bytes that are not UTF-8"):
+        oxla.InferenceSession(model.SerializeToString())
