@@ -35,6 +35,10 @@ class InputError(OxlaError, ValueError):
     """The feeds passed to `run` do not match the model's inputs (name, dtype or shape)."""
 
 
+class ResourceError(OxlaError):
+    """A value would need more memory than the configured limit (checked before allocating)."""
+
+
 class TrainingError(OxlaError):
     """The model's training section is malformed or a training step cannot run."""
 

@@ -76,17 +76,19 @@ class InferenceSession:
         bake_weights: compile initializers as constants rather than parameters.
         cache_size: how many compiled segments (one per input signature, more with graph
             breaks) to keep; the least recently used go first.
+        memory_limit: the most bytes one value may take; a node whose output would need more
+            is refused (ResourceError) before anything allocates it. Default: the machine's memory.
     """
 
     def __init__(self, path_or_bytes: str | os.PathLike[str] | bytes | ModelProto,
                  sess_options: Any = None, providers: Any = None, provider_options: Any = None,
                  *, bake_weights: bool = False, cache_size: int = DEFAULT_CACHE_SIZE,
-                 **_: Any) -> None:
+                 memory_limit: int | None = None, **_: Any) -> None:
         ort.check_options(sess_options)
         self._options = sess_options if sess_options is not None else ort.SessionOptions()
         self._model = load_model(path_or_bytes)
         self._profile: str | None = None
-        self._build_options = (bake_weights, cache_size)
+        self._build_options = (bake_weights, cache_size, memory_limit)
         self._place(providers, provider_options)
         if getattr(self._options, "enable_profiling", False):
             prefix = getattr(self._options, "profile_file_prefix", "") or "oxla_profile"
@@ -108,12 +110,12 @@ class InferenceSession:
         self._provider_options = {p: dict(given[i]) if i < len(given) else {}
                                   for i, p in enumerate(self._providers)}
         self._device = None if device == jax.devices()[0] else device
-        bake_weights, cache_size = self._build_options
+        bake_weights, cache_size, memory_limit = self._build_options
+        options = Options(bake_weights=bake_weights, layout_weights=True, memory_limit=memory_limit)
         with self._on_device():
             model = ModelProto()
             model.CopyFrom(self._model)
-            self._compiled = CompiledModel(model, Options(bake_weights=bake_weights, layout_weights=True),
-                                           copy=False, cache_size=cache_size)
+            self._compiled = CompiledModel(model, options, copy=False, cache_size=cache_size)
         graph = self._compiled.model.graph
         inputs = {i.name: i for i in graph.input}
         self._inputs = [inputs[name] for name in self._compiled.input_names]

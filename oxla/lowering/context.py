@@ -24,6 +24,7 @@ class Options:
     bake_weights: bool = False       # initializers become HLO constants instead of parameters
     training: bool = False           # Dropout and friends in training mode when asked by inputs
     layout_weights: bool = False     # store conv kernels as HWIO (renames those parameters)
+    memory_limit: int | None = None  # bytes one value may take (None: the machine's memory)
 
 
 class NeedStatic(Exception):

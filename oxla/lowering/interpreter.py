@@ -7,14 +7,25 @@ threads may trace or run host steps through one interpreter at once.
 
 from __future__ import annotations
 
+import math
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 from onnx import AttributeProto, FunctionProto, GraphProto, NodeProto
 
-from oxla.errors import LoweringError, NodeRef, OxlaError, rule_failure, unsupported_ops
+from oxla.errors import (
+    LoweringError,
+    NodeRef,
+    OxlaError,
+    ResourceError,
+    describe_value,
+    rule_failure,
+    unsupported_ops,
+)
 from oxla.graph import attribute_value, canonical_domain, initializer_values, model_opsets
 from oxla.lowering import schemas
 from oxla.lowering.context import Context, NeedStatic, Options, Scope
@@ -32,6 +43,7 @@ class Interpreter:
 
     def __init__(self, dispatch: DispatchTable, options: Options | None = None) -> None:
         self.options = options or Options()
+        self.memory_limit = self.options.memory_limit or machine_memory()
         self.dispatch = dispatch
         self._bodies: LRU[FunctionProto] = LRU(BODY_CACHE)
         self.ran: set[tuple[str, str, str, int]] = set()  # (kind, domain, op, opset) seen running
@@ -144,12 +156,34 @@ class Interpreter:
         try:
             if found.fold and all(is_static(v) for v in inputs):
                 with jax.ensure_compile_time_eval():
-                    return to_static(found.fn(cx, *inputs, **attrs))
-            return found.fn(cx, *inputs, **attrs)
+                    out = to_static(found.fn(cx, *inputs, **attrs))
+            else:
+                out = found.fn(cx, *inputs, **attrs)
         except (NeedStatic, OxlaError):
             raise
+        except MemoryError:
+            raise ResourceError(f"{ref.describe()}: out of memory computing the node's outputs "
+                                f"(inputs: {', '.join(describe_value(v) for v in inputs)})") from None
         except Exception as e:  # any failure inside a rule gets the node's context
             raise rule_failure(ref, inputs, e) from e
+        self._check_sizes(ref, out)
+        return out
+
+    def _check_sizes(self, ref: NodeRef, outputs: Any) -> None:
+        """Refuse an output larger than the memory limit before anything allocates it."""
+        limit = self.memory_limit
+        for value in outputs if isinstance(outputs, tuple) else (outputs,):
+            for leaf in value if isinstance(value, list) else (value,):
+                shape = getattr(leaf, "shape", None)
+                if shape is None or not hasattr(leaf, "dtype"):
+                    continue
+                size = math.prod(shape) * np.dtype(leaf.dtype).itemsize
+                if size > limit:
+                    raise ResourceError(
+                        f"{ref.describe()}: an output of shape {tuple(shape)} {np.dtype(leaf.dtype)} "
+                        f"would take {_bytes(size)}, more than the memory limit {_bytes(limit)}; "
+                        "check the inputs, or raise Options.memory_limit / "
+                        "InferenceSession(memory_limit=...)")
 
     # --- functions ----------------------------------------------------------------------------
 
@@ -185,6 +219,22 @@ class Interpreter:
         fn_opsets = {**opsets, **model_opsets(fn.opset_import)}
         self.run_nodes([_substitute(n, given, defaults) for n in fn.node], scope, fn_opsets)
         return tuple(_read(scope, o, f"function {fn.name}") for o in fn.output)
+
+
+def machine_memory() -> int:
+    """Physical memory in bytes (the default limit for one value)."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 1 << 40
+
+
+def _bytes(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.1f} {unit}" if unit != "bytes" else f"{n} bytes"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} bytes"
 
 
 def _read(scope: Scope, name: str, where: str) -> Value:
