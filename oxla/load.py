@@ -73,7 +73,11 @@ def load_model(source: ModelSource, *, base_dir: str | os.PathLike[str] | None =
         # The checker takes the file's bytes (serializing a large proto costs more than checking
         # it); a model with external data is checked by path, which finds the data files beside
         # it without loading them (a proto over 2 GiB cannot be serialized at all).
-        target: Any = path_text if external and path_text else data if not external else model
+        target: Any = model
+        if external and path_text:
+            target = path_text
+        elif not external and data is not None:
+            target = data
         try:
             onnx.checker.check_model(target)
         except onnx.checker.ValidationError as e:

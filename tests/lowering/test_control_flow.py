@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import onnx.parser
 import pytest
+from onnx import TensorProto, helper
 
 import oxla
 from tests.lowering.util import assert_close, run_onnxruntime, run_reference
@@ -315,3 +316,20 @@ def test_data_dependent_scan_outputs_cannot_be_one_pure_function() -> None:
     feeds = {"x": np.array([1, 2], np.float32), "m": np.array(3)}
     with pytest.raises(oxla.NotStaticError, match=r"M \(the trip count decides the scan outputs"):
         jax.jit(compiled.fn)(compiled.params, feeds)
+
+
+def test_25_nested_ifs_on_a_runtime_condition_trace_each_branch_once() -> None:
+    # each If used to trace its branches twice (a shape probe, then lax.cond): 2^25 traces
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    inner = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "leaf", [], [out])
+    for d in range(25):
+        other = helper.make_graph([helper.make_node("Sub", ["x", "x"], ["y"])], f"e{d}", [], [out])
+        inner = helper.make_graph([helper.make_node("If", ["c"], ["y"], then_branch=inner, else_branch=other)],
+                                  f"t{d}", [], [out])
+    graph = helper.make_graph(list(inner.node), "g", [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+                                                      helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])], [out])
+    sess = oxla.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    x = np.array([1.0, 2.0], np.float32)
+    assert sess.run(None, {"c": np.array(True), "x": x})[0].tolist() == [2.0, 4.0]
+    assert sess.run(None, {"c": np.array(False), "x": x})[0].tolist() == [0.0, 0.0]
+    assert sess.compiled.stats.host_steps == 0

@@ -83,11 +83,13 @@ def if_(cx, cond, *, else_branch=None, then_branch=None):
         return tuple(cx.run_graph(then_branch if _truth(cx, cond, "cond") else else_branch, []))
     then_fn = partial(cx.run_graph, then_branch, [])
     else_fn = partial(cx.run_graph, else_branch, [])
-    if _avals(jax.eval_shape(then_fn)) != _avals(jax.eval_shape(else_fn)):
-        # lax.cond needs both branches to give the same types: choose the branch on the host.
-        cx.static(cond, "cond (the If branches give different shapes or types)")
     pred = jnp.reshape(cond, ()).astype(bool)
-    return tuple(lax.cond(pred, then_fn, else_fn))
+    try:  # each branch is traced once: nested Ifs cost time linear in their depth
+        return tuple(lax.cond(pred, then_fn, else_fn))
+    except TypeError as e:  # raised by lax.cond itself: rules' errors arrive as OxlaErrors
+        # lax.cond needs both branches to give the same types: choose the branch on the host.
+        cx.static(cond, f"cond (the If branches give different shapes or types: {str(e).splitlines()[0]})")
+        raise
 
 
 # --- Loop -----------------------------------------------------------------------------------------
