@@ -235,6 +235,9 @@ class InferenceSession:
         return values
 
     def _check_feeds(self, feed: Mapping[str, Any]) -> dict[str, Any]:
+        if not isinstance(feed, Mapping):
+            raise InputError(f"feeds must be a dict of input name -> array, got {type(feed).__name__}; "
+                             f"the model's inputs are {[i.name for i in self._inputs]}")
         declared = {i.name: i for i in self._inputs}
         overridable = {i.name: i for i in self._compiled.model.graph.input if i.name not in declared}
         unknown = [n for n in feed if n not in declared and n not in overridable]

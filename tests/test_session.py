@@ -133,3 +133,8 @@ def test_persistent_compilation_cache_is_written(tmp_path: Path) -> None:
                               capture_output=True, check=True)
         assert float(proc.stdout) == 12.0
     assert any((tmp_path / "cache").iterdir())
+
+
+def test_feeds_that_are_not_a_dict() -> None:
+    with pytest.raises(InputError, match=r"feeds must be a dict .* got list; the model's inputs are \['x', 'b'\]"):
+        _session().run(None, [X, B])  # type: ignore[arg-type]

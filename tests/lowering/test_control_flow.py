@@ -333,3 +333,20 @@ def test_25_nested_ifs_on_a_runtime_condition_trace_each_branch_once() -> None:
     assert sess.run(None, {"c": np.array(True), "x": x})[0].tolist() == [2.0, 4.0]
     assert sess.run(None, {"c": np.array(False), "x": x})[0].tolist() == [0.0, 0.0]
     assert sess.compiled.stats.host_steps == 0
+
+
+def test_a_million_iterations_over_constants_compile_instead_of_unrolling() -> None:
+    model = onnx.parser.parse_model(HEADER.format(opset=17) + """
+        g (float[2] x) => (float[2] y) {
+            M = Constant<value = int64 {1000000}>()
+            c = Constant<value = bool {1}>()
+            a0 = Constant<value = float[2] {0.0, 0.0}>()
+            acc = Loop(M, c, a0) <body = b (int64 i, bool cin, float[2] a) => (bool cout, float[2] aout) {
+                cout = Identity(cin)
+                one = Constant<value = float {1.0}>()
+                aout = Add(a, one)
+            }>
+            y = Add(x, acc)
+        }""")
+    sess = oxla.InferenceSession(model.SerializeToString())
+    assert sess.run(None, {"x": np.ones(2, np.float32)})[0].tolist() == [1000001.0] * 2

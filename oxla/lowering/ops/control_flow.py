@@ -117,11 +117,15 @@ def loop(cx, M=None, cond=None, *v_initial, body=None):
                       f"{2 + len(v_initial)} and give at least {1 + len(v_initial)}")
     step = _loop_step(cx, body, len(v_initial))
     v = list(v_initial)
-    if _everything_static(cx, [body], [M, cond, *v]):
+    static = _everything_static(cx, [body], [M, cond, *v])
+    # a long loop over constants still compiles: unrolled in Python it would take minutes
+    if static and (M is None or int(np.reshape(M, ())) <= UNROLL_LIMIT):
         return _unrolled(cx, step, M, cond, v, n_scan)
     try:
         return _lax_loop(cx, step, M, cond, v, n_scan)
     except (NeedStatic, _NoLax) as e:
+        if static:
+            return _unrolled(cx, step, M, cond, v, n_scan)
         if M is None or not cx.is_static(M) or int(np.reshape(M, ())) > UNROLL_LIMIT:
             if isinstance(e, NeedStatic):
                 raise
