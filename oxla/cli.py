@@ -131,9 +131,11 @@ def status(label: str, stream: TextIO | None = None) -> Iterator[None]:
     done = threading.Event()
 
     def tick() -> None:
-        while not done.wait(0.1):
+        while True:
             out.write(f"\r\x1b[K{label} {time.perf_counter() - start:.1f} s")
             out.flush()
+            if done.wait(0.1):
+                return
 
     ticker = threading.Thread(target=tick, daemon=True)
     ticker.start()
