@@ -15,11 +15,14 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
 from oxla.errors import InputError, OxlaError
+
+if TYPE_CHECKING:
+    from oxla.feeds import InputSpec
 
 EXIT_ERROR = 2
 EXIT_MISMATCH = 1
@@ -176,11 +179,11 @@ def _int_range(text: str | None) -> tuple[int, int] | None:
     return low, high
 
 
-def _symbolic(specs: list[tuple[str, np.dtype, list[int | str]]]) -> set[str]:
+def _symbolic(specs: Sequence[InputSpec]) -> set[str]:
     return {d for _, _, shape in specs for d in shape if isinstance(d, str) and d != "?"}
 
 
-def _feeds(args: argparse.Namespace, specs: list[tuple[str, np.dtype, list[int | str]]],
+def _feeds(args: argparse.Namespace, specs: Sequence[InputSpec],
            bounds: dict[str, int]) -> dict[str, Any]:
     """--input files, then random values for the rest when --random-inputs asks for them."""
     from oxla.feeds import parse_input_args, random_for_specs
@@ -194,18 +197,18 @@ def _feeds(args: argparse.Namespace, specs: list[tuple[str, np.dtype, list[int |
     return feeds
 
 
-def _onnx_specs(model: Any) -> tuple[list[tuple[str, np.dtype, list[int | str]]], dict[str, int]]:
+def _onnx_specs(model: Any) -> tuple[list[InputSpec], dict[str, int]]:
     """The model's inputs as (name, dtype, shape) with dim names kept, and its Gather bounds."""
     from oxla.dtypes import to_numpy_dtype
     from oxla.feeds import index_bounds
 
     inits = {t.name for t in model.graph.initializer}
-    specs: list[tuple[str, np.dtype, list[int | str]]] = []
+    specs: list[InputSpec] = []
     for info in model.graph.input:
         if info.name in inits:
             continue
         if info.type.WhichOneof("value") != "tensor_type":
-            specs.append((info.name, np.dtype(object), []))  # sequences: only from --input
+            specs.append((info.name, None, []))  # sequences, maps: only from --input
             continue
         tt = info.type.tensor_type
         shape: list[int | str] = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0
@@ -409,8 +412,9 @@ class _CompareError(OxlaError):
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    """`oxla info`: the model's header, training section, op table, inputs and outputs."""
     from oxla.load import load_model
-    from oxla.passes.classify import FUNCTION, NATIVE, classify
+    from oxla.passes.classify import classify
     from oxla.session import InferenceSession
 
     model = load_model(args.model)
@@ -438,19 +442,24 @@ def cmd_info(args: argparse.Namespace) -> int:
     for o in sess.get_outputs():
         print(f"  {o.name}: {o.type} {o.shape}")
     if args.run:
-        from oxla.feeds import random_feeds
-
-        sess.run(None, random_feeds(model))
-        stats = sess.compiled.stats
-        ran = sess.compiled.interpreter.ran
-        print(f"\nran once: {stats.compiles} XLA computation(s), {stats.host_steps} host step(s)"
-              + (f" at {sorted(stats.host_nodes)}" if stats.host_nodes else ""))
-        native = sorted({f"{d or 'ai.onnx'}::{o}" for k, d, o, _ in ran if k == NATIVE})
-        expanded = sorted({f"{d or 'ai.onnx'}::{o}" for k, d, o, _ in ran if k == FUNCTION})
-        print(f"ran native: {', '.join(native) or 'none'}")
-        print(f"expanded from function bodies: {', '.join(expanded) or 'none'}")
+        _info_run(sess, model)
     return 0
 
+
+def _info_run(sess: Any, model: Any) -> None:
+    """`oxla info --run`: one run on random inputs; graph breaks and which ops ran how."""
+    from oxla.feeds import random_feeds
+    from oxla.passes.classify import FUNCTION, NATIVE
+
+    sess.run(None, random_feeds(model))
+    stats = sess.compiled.stats
+    ran = sess.compiled.interpreter.ran
+    print(f"\nran once: {stats.compiles} XLA computation(s), {stats.host_steps} host step(s)"
+          + (f" at {sorted(stats.host_nodes)}" if stats.host_nodes else ""))
+    native = sorted({f"{d or 'ai.onnx'}::{o}" for k, d, o, _ in ran if k == NATIVE})
+    expanded = sorted({f"{d or 'ai.onnx'}::{o}" for k, d, o, _ in ran if k == FUNCTION})
+    print(f"ran native: {', '.join(native) or 'none'}")
+    print(f"expanded from function bodies: {', '.join(expanded) or 'none'}")
 
 if __name__ == "__main__":
     sys.exit(main())

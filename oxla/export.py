@@ -173,11 +173,19 @@ def export_model(model: Any, *, dims: Mapping[str, int] | None = None,
                    for n, s in zip(names, specs))
     outputs = tuple(TensorSpec(o, np.dtype(a.dtype).name, tuple(_dim(d) for d in a.shape))
                     for o, a in zip(outs, exported.out_avals))
-    header = {"format_version": FORMAT_VERSION, "jax_version": jax.__version__,
-              "source": Path(model).name if isinstance(model, (str, Path)) else None,
+    source = Path(model).name if isinstance(model, (str, Path)) else None
+    return ExportResult(_artifact(bytes(data), inputs, outputs, source), inputs, outputs, text)
+
+
+def _artifact(payload: bytes, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...],
+              source: str | None) -> bytes:
+    """Magic, header length, JSON header, then jax.export's bytes (the module docstring's layout)."""
+    import jax
+
+    header = {"format_version": FORMAT_VERSION, "jax_version": jax.__version__, "source": source,
               "inputs": [i.to_json() for i in inputs], "outputs": [o.to_json() for o in outputs]}
     blob = json.dumps(header).encode()
-    return ExportResult(MAGIC + _LEN.pack(len(blob)) + blob + bytes(data), inputs, outputs, text)
+    return MAGIC + _LEN.pack(len(blob)) + blob + payload
 
 
 def _dim(d: Any) -> int | str:

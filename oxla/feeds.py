@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +12,9 @@ from oxla.errors import InputError
 
 if TYPE_CHECKING:  # onnx is imported where a model is read: exported models run without it
     import onnx
+
+# An input to fill: name, dtype (None: not a tensor), shape with ints or dim names.
+InputSpec = tuple[str, "np.dtype | None", list[int | str]]
 
 
 def read_array(path: str | Path) -> Any:
@@ -106,7 +109,7 @@ def random_feeds(model: onnx.ModelProto, *, seed: int = 0, dims: Mapping[str, in
     if unknown:
         raise InputError(f"--dim names {unknown} are not dims of this model's inputs; "
                          f"its symbolic dims are {sorted(named) or 'none'}")
-    specs = []
+    specs: list[InputSpec] = []
     for info in inputs:
         if info.type.WhichOneof("value") != "tensor_type":
             raise InputError(f"input '{info.name}' is not a tensor; give it with --input")
@@ -118,13 +121,15 @@ def random_feeds(model: onnx.ModelProto, *, seed: int = 0, dims: Mapping[str, in
                             default_dim=default_dim, int_range=int_range)
 
 
-def random_for_specs(specs: list[tuple[str, np.dtype, list[int | str]]], bounds: Mapping[str, int],
+def random_for_specs(specs: Sequence[InputSpec], bounds: Mapping[str, int],
                      *, seed: int = 0, dims: Mapping[str, int] | None = None, default_dim: int = 1,
                      int_range: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
     """Random inputs from (name, dtype, shape with ints or dim names) triples; see random_feeds."""
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     for name, dtype, shape in specs:
+        if dtype is None:
+            raise InputError(f"input '{name}' is not a tensor; give it with --input")
         concrete = tuple(d if isinstance(d, int) else (dims or {}).get(d, default_dim) for d in shape)
         low, high = _int_range(name, bounds.get(name), int_range)
         feeds[name] = random_array(dtype, concrete, rng, low=low, high=high)

@@ -106,7 +106,7 @@ def test_random_feeds_bounds_masks_and_ranges() -> None:
     from onnx import TensorProto, helper
 
     from oxla.errors import InputError
-    from oxla.feeds import index_bounds, random_feeds
+    from oxla.feeds import index_bounds, random_feeds, random_for_specs
 
     graph = helper.make_graph(
         [helper.make_node("Cast", ["ids"], ["ids32"], to=TensorProto.INT32),
@@ -133,6 +133,8 @@ def test_random_feeds_bounds_masks_and_ranges() -> None:
         random_feeds(model, int_range=(10, 12))
     with pytest.raises(InputError, match=r"--dim names \['m'\] are not dims"):
         random_feeds(model, dims={"m": 2})
+    with pytest.raises(InputError, match="input 'seq' is not a tensor; give it with --input"):
+        random_for_specs([("seq", None, [])], {})
 
 
 def _error(*args: str) -> str:
