@@ -38,10 +38,13 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
+    if name not in _LAZY and name != "training":
+        raise AttributeError(f"module 'oxla' has no attribute '{name}'")
+    # Any of them brings the whole runtime, as an eager `import oxla` did: oxla.compile registers
+    # every lowering rule, which code reading the rule table (classify, lint) relies on.
+    importlib.import_module("oxla.compile")
     if name == "training":
         return importlib.import_module("oxla.training")
-    if name not in _LAZY:
-        raise AttributeError(f"module 'oxla' has no attribute '{name}'")
     value = getattr(importlib.import_module(_LAZY[name]), name)
     globals()[name] = value
     return value
