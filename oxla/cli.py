@@ -337,11 +337,14 @@ def cmd_export(args: argparse.Namespace) -> int:
 def _write_atomically(path: str, data: bytes) -> None:
     """Temp file, fsync, rename: a crash never leaves half an artifact under the final name."""
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        raise InputError(f"cannot write '{path}': {e.strerror}") from None
 
 
 def _compare(args: argparse.Namespace, feeds: dict[str, Any], outputs: list[Any], median: float) -> int:
@@ -413,6 +416,10 @@ class _CompareError(OxlaError):
 
 def cmd_info(args: argparse.Namespace) -> int:
     """`oxla info`: the model's header, training section, op table, inputs and outputs."""
+    from oxla.export import is_exported
+
+    if is_exported(args.model):
+        return _info_exported(args.model)
     from oxla.load import load_model
     from oxla.passes.classify import classify
     from oxla.session import InferenceSession
@@ -443,6 +450,22 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"  {o.name}: {o.type} {o.shape}")
     if args.run:
         _info_run(sess, model)
+    return 0
+
+
+def _info_exported(path: str) -> int:
+    """`oxla info` on a file written by `oxla export`: its header."""
+    from oxla.export import load_exported
+
+    model = load_exported(path)
+    print(f"{path}: oxla exported model (format {model.header['format_version']}, "
+          f"jax {model.header.get('jax_version')}), from {model.header.get('source') or '?'}; "
+          f"file size {os.path.getsize(path):,} bytes")
+    for title, specs in (("inputs", model.inputs), ("outputs", model.outputs)):
+        print(f"{title}:")
+        for spec in specs:
+            bound = f", indices below {spec.index_bound}" if spec.index_bound is not None else ""
+            print(f"  {spec.name}: {spec.dtype} {list(spec.shape)}{bound}")
     return 0
 
 

@@ -126,6 +126,10 @@ def test_cli_export_then_run_without_onnx(tmp_path: Path) -> None:
                            "-o", str(target)], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert f"wrote {target}" in proc.stdout and "image float32['batch', 3, 64, 64]" in proc.stdout
+    info = subprocess.run([sys.executable, "-m", "oxla", "info", str(target)], capture_output=True, text=True)
+    assert info.returncode == 0, info.stderr
+    assert "oxla exported model (format 1" in info.stdout and "from resnet_small.onnx" in info.stdout
+    assert "image: float32 ['batch', 3, 64, 64]" in info.stdout and "logits: float32 ['batch', 10]" in info.stdout
     for batch in ("2", "3"):
         run = subprocess.run([sys.executable, "-c", _NO_ONNX, "run", str(target), "--random-inputs",
                               "--dim", f"batch={batch}", "--repeat", "1"],
@@ -141,6 +145,9 @@ def test_cli_export_errors_exit_2(tmp_path: Path) -> None:
         (["export", str(MODELS / "resnet_small.onnx")], "needs -o FILE, --emit"),
         (["export", str(MODELS / "resnet_small.onnx"), "-o", str(tmp_path / "r"), "--dim", "b=2"],
          "--dim names ['b'] are not dims"),
+        (["export", str(MODELS / "digits_mlp.onnx"), "-o", str(tmp_path / "no" / "such" / "d.oxla")],
+         "cannot write"),
+        (["run", str(tmp_path / "nothing.oxla")], "cannot read model file"),
     ]:
         proc = subprocess.run([sys.executable, "-m", "oxla", *args], capture_output=True, text=True)
         assert proc.returncode == 2, (args, proc.stderr)
