@@ -68,6 +68,8 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     exp.add_argument("-o", "--output", metavar="FILE", help="where to write the exported model")
     _add_dim(exp, "fix a symbolic dimension's size (the others stay symbolic)")
     exp.add_argument("--emit", choices=["stablehlo", "hlo"], help="print the program's text")
+    exp.add_argument("--platform", metavar="NAME[,NAME]",
+                     help="lower for these JAX platforms, e.g. cpu,cuda (default: this machine's)")
 
     for name, (module, adder, text) in _HEAVY.items():
         if name == command:
@@ -323,7 +325,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         dims[name] = int(value)
     start = time.perf_counter()
     with status(f"exporting {args.model}"):
-        result = export_model(args.model, dims=dims, emit=args.emit)
+        platforms = [p.strip() for p in args.platform.split(",")] if args.platform else None
+        result = export_model(args.model, dims=dims, emit=args.emit, platforms=platforms)
     if result.text is not None:
         print(result.text)
     if args.output:
@@ -459,7 +462,8 @@ def _info_exported(path: str) -> int:
 
     model = load_exported(path)
     print(f"{path}: oxla exported model (format {model.header['format_version']}, "
-          f"jax {model.header.get('jax_version')}), from {model.header.get('source') or '?'}; "
+          f"jax {model.header.get('jax_version')}, platforms {', '.join(model.header.get('platforms', []))}), "
+          f"from {model.header.get('source') or '?'}; "
           f"file size {os.path.getsize(path):,} bytes")
     for title, specs in (("inputs", model.inputs), ("outputs", model.outputs)):
         print(f"{title}:")

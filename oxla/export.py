@@ -26,6 +26,7 @@ MAGIC = b"OXLAEXP1"
 FORMAT_VERSION = 1
 _LEN = struct.Struct("<I")
 EMITS = ("stablehlo", "hlo")
+PLATFORMS = ("cpu", "cuda", "rocm", "tpu")   # what jax.export lowers for
 
 
 class ExportError(OxlaError):
@@ -128,13 +129,15 @@ def _specs(compiled: Any, shapes: Mapping[str, list[int | str]]) -> list[Any]:
 
 
 def export_model(model: Any, *, dims: Mapping[str, int] | None = None,
-                 emit: str | None = None) -> ExportResult:
+                 emit: str | None = None, platforms: Sequence[str] | None = None) -> ExportResult:
     """Serialize a model's whole graph, weights included, as one jax.export computation.
 
     Args:
         model: a path, bytes or ModelProto.
         dims: sizes for named symbolic dims; the others stay symbolic.
         emit: also return the program's text, "stablehlo" or "hlo".
+        platforms: lower for these JAX platforms ("cpu", "cuda", "rocm", "tpu"); one artifact
+            then runs on any of them. Default: the platform JAX runs on here.
 
     Returns:
         The artifact's bytes (see the module docstring for the layout) and its input/output specs.
@@ -150,6 +153,9 @@ def export_model(model: Any, *, dims: Mapping[str, int] | None = None,
     from oxla.executor import x64
     from oxla.feeds import index_bounds
 
+    unknown = sorted(set(platforms or ()) - set(PLATFORMS))
+    if unknown:  # jax.export records any name and fails only where the artifact is run
+        raise InputError(f"unknown platforms {unknown}; choose from {', '.join(PLATFORMS)}")
     compiled = compile_model(model)
     names, outs = list(compiled.input_names), list(compiled.output_names)
     shapes = _input_shapes(compiled.model, names, dims or {})
@@ -161,7 +167,8 @@ def export_model(model: Any, *, dims: Mapping[str, int] | None = None,
 
     with x64():
         specs = _specs(compiled, shapes)
-        exported = _trace(jax_export.export(jax.jit(pure)), specs, shapes)
+        exporter = jax_export.export(jax.jit(pure), platforms=tuple(platforms) if platforms else None)
+        exported = _trace(exporter, specs, shapes)
         text = None
         if emit == "stablehlo":
             text = exported.mlir_module()
@@ -174,15 +181,17 @@ def export_model(model: Any, *, dims: Mapping[str, int] | None = None,
     outputs = tuple(TensorSpec(o, np.dtype(a.dtype).name, tuple(_dim(d) for d in a.shape))
                     for o, a in zip(outs, exported.out_avals))
     source = Path(model).name if isinstance(model, (str, Path)) else None
-    return ExportResult(_artifact(bytes(data), inputs, outputs, source), inputs, outputs, text)
+    data = _artifact(bytes(data), inputs, outputs, source, tuple(exported.platforms))
+    return ExportResult(data, inputs, outputs, text)
 
 
 def _artifact(payload: bytes, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...],
-              source: str | None) -> bytes:
+              source: str | None, platforms: tuple[str, ...]) -> bytes:
     """Magic, header length, JSON header, then jax.export's bytes (the module docstring's layout)."""
     import jax
 
     header = {"format_version": FORMAT_VERSION, "jax_version": jax.__version__, "source": source,
+              "platforms": list(platforms),
               "inputs": [i.to_json() for i in inputs], "outputs": [o.to_json() for o in outputs]}
     blob = json.dumps(header).encode()
     return MAGIC + _LEN.pack(len(blob)) + blob + payload
@@ -270,6 +279,10 @@ class ExportedModel:
             try:
                 values = self._program().call(*args)
             except (ValueError, TypeError) as e:
+                if "platform" in str(e):
+                    raise InputError(f"the program was exported for {self.header.get('platforms')}, "
+                                     f"not for this machine ({e}); export it again with "
+                                     "--platform") from None
                 raise InputError(f"the inputs do not fit the exported program: {e}") from None
             return {o.name: np.asarray(v) for o, v in zip(self.outputs, values)}
 

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import onnx
 import pytest
@@ -129,6 +130,7 @@ def test_cli_export_then_run_without_onnx(tmp_path: Path) -> None:
     info = subprocess.run([sys.executable, "-m", "oxla", "info", str(target)], capture_output=True, text=True)
     assert info.returncode == 0, info.stderr
     assert "oxla exported model (format 1" in info.stdout and "from resnet_small.onnx" in info.stdout
+    assert "platforms cpu)" in info.stdout
     assert "image: float32 ['batch', 3, 64, 64]" in info.stdout and "logits: float32 ['batch', 10]" in info.stdout
     for batch in ("2", "3"):
         run = subprocess.run([sys.executable, "-c", _NO_ONNX, "run", str(target), "--random-inputs",
@@ -153,3 +155,16 @@ def test_cli_export_errors_exit_2(tmp_path: Path) -> None:
         assert proc.returncode == 2, (args, proc.stderr)
         assert message in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "d.oxla").exists()
+
+
+def test_one_artifact_for_several_platforms() -> None:
+    result = export_model(MODELS / "digits_mlp.onnx", platforms=["cpu", "cuda"])
+    exported = ExportedModel(result.data)
+    assert exported.header["platforms"] == ["cpu", "cuda"]
+    _same_as_session("digits_mlp", exported, {"N": 4}, seed=2)   # the cpu lowering runs here
+    cuda_only = ExportedModel(export_model(MODELS / "digits_mlp.onnx", platforms=["cuda"]).data)
+    if jax.default_backend() == "cpu":
+        with pytest.raises(oxla.InputError, match=r"exported for \['cuda'\], not for this machine"):
+            cuda_only({"image": np.zeros((1, 64), np.float32)})
+    with pytest.raises(oxla.InputError, match=r"unknown platforms \['gpu0'\]"):
+        export_model(MODELS / "digits_mlp.onnx", platforms=["cpu", "gpu0"])
