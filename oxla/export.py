@@ -101,7 +101,7 @@ def _input_shapes(model: Any, names: Sequence[str], dims: Mapping[str, int]) -> 
                 shape.append(dims.get(d.dim_param, d.dim_param))
             else:
                 anon += 1
-                shape.append(f"unk{anon}")
+                shape.append(f"_anon{anon}")   # an unnamed dim: symbolic, its own
         shapes[n] = shape
     return shapes
 

@@ -168,3 +168,18 @@ def test_one_artifact_for_several_platforms() -> None:
             cuda_only({"image": np.zeros((1, 64), np.float32)})
     with pytest.raises(oxla.InputError, match=r"unknown platforms \['gpu0'\]"):
         export_model(MODELS / "digits_mlp.onnx", platforms=["cpu", "gpu0"])
+
+
+def test_unnamed_dim_stays_symbolic() -> None:
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    result = export_model(model)
+    assert result.inputs[0].shape == ("_anon1", 3) and result.outputs[0].shape == ("_anon1", 3)
+    exported = ExportedModel(result.data)
+    for n in (2, 5):
+        x = np.linspace(-1, 1, n * 3, dtype=np.float32).reshape(n, 3)
+        np.testing.assert_array_equal(exported({"x": x})["y"], np.maximum(x, 0))
