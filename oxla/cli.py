@@ -95,6 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _dispatch(args)
     except OxlaError as e:
         print(f"oxla: error: {e}", file=sys.stderr)
+    except BrokenPipeError:  # the reader of our output left (`| head`): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except OSError as e:  # a file that cannot be read or written: still one message
         print(f"oxla: error: {e}", file=sys.stderr)
     except KeyboardInterrupt:
@@ -327,13 +329,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     with status(f"exporting {args.model}"):
         platforms = [p.strip() for p in args.platform.split(",")] if args.platform else None
         result = export_model(args.model, dims=dims, emit=args.emit, platforms=platforms)
-    if result.text is not None:
-        print(result.text)
-    if args.output:
+    if args.output:  # written before the text is printed: a reader like `head` may close the pipe
         _write_atomically(args.output, result.data)
         shapes = ", ".join(f"{i.name} {i.dtype}{list(i.shape)}" for i in result.inputs)
         print(f"wrote {args.output}: {len(result.data)} bytes, inputs {shapes}, "
               f"{(time.perf_counter() - start) * 1e3:.0f} ms", file=sys.stderr if args.emit else sys.stdout)
+    if result.text is not None:
+        print(result.text)
     return 0
 
 
