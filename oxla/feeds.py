@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnx
-from onnx import numpy_helper
 
-from oxla.dtypes import to_numpy_dtype
 from oxla.errors import InputError
+
+if TYPE_CHECKING:  # onnx is imported where a model is read: exported models run without it
+    import onnx
+
+# An input to fill: name, dtype (None: not a tensor), shape with ints or dim names.
+InputSpec = tuple[str, "np.dtype | None", list[int | str]]
 
 
 def read_array(path: str | Path) -> Any:
@@ -23,6 +26,9 @@ def read_array(path: str | Path) -> Any:
         data = p.read_bytes()
     except (OSError, ValueError) as e:
         raise InputError(f"cannot read input file '{p}': {e}") from None
+    import onnx
+    from onnx import numpy_helper
+
     tensor = onnx.TensorProto()
     try:
         tensor.ParseFromString(data)
@@ -47,33 +53,115 @@ def parse_input_args(items: list[str]) -> dict[str, Any]:
     return feeds
 
 
-def random_feeds(model: onnx.ModelProto, *, seed: int = 0, dims: Mapping[str, int] | None = None,
-                 default_dim: int = 1) -> dict[str, np.ndarray]:
-    """Random values for every non-initializer graph input; symbolic dims from `dims` or 1."""
-    rng = np.random.default_rng(seed)
-    inits = {t.name for t in model.graph.initializer}
-    feeds: dict[str, np.ndarray] = {}
-    for info in model.graph.input:
-        if info.name in inits:
+# Ops an index input may pass through unchanged in value on its way to a Gather.
+_VALUE_KEEPING = frozenset({"Cast", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten"})
+
+
+def index_bounds(model: onnx.ModelProto) -> dict[str, int]:
+    """Graph inputs that feed a Gather's indices -> the size of the axis they index (the least,
+    when several Gathers read one input): random indices stay below it (a vocabulary size)."""
+    graph = model.graph
+    sizes = {t.name: tuple(t.dims) for t in graph.initializer}
+    for info in [*graph.input, *graph.value_info]:
+        dims = info.type.tensor_type.shape.dim
+        if all(d.HasField("dim_value") for d in dims):
+            sizes.setdefault(info.name, tuple(d.dim_value for d in dims))
+    source = {i.name: i.name for i in graph.input}
+    for node in graph.node:  # graph order is topological: sources propagate forward
+        if node.op_type in _VALUE_KEEPING and node.input and node.input[0] in source:
+            source[node.output[0]] = source[node.input[0]]
+    bounds: dict[str, int] = {}
+    for node in graph.node:
+        if node.op_type != "Gather" or len(node.input) < 2 or node.input[1] not in source:
             continue
-        tt = info.type.tensor_type
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        data = sizes.get(node.input[0])
+        if data and -len(data) <= axis < len(data):
+            name = source[node.input[1]]
+            bounds[name] = min(bounds.get(name, data[axis]), data[axis])
+    return bounds
+
+
+def random_feeds(model: onnx.ModelProto, *, seed: int = 0, dims: Mapping[str, int] | None = None,
+                 default_dim: int = 1, int_range: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
+    """Random values for every non-initializer graph input, shaped as declared.
+
+    Args:
+        model: the model whose inputs to fill.
+        seed: the generator's seed.
+        dims: sizes of symbolic dims by name; the others are `default_dim`.
+        default_dim: the size of a symbolic dim not in `dims`.
+        int_range: [LO, HI) for integer inputs (default [0, 10)); an input feeding a Gather's
+            indices stays inside [0, axis size) by default, and inside the axis when given.
+
+    Returns:
+        {input name: array}; integer indices in range, boolean inputs as masks.
+
+    Raises:
+        InputError: a `dims` name the inputs do not have, a non-tensor input, an empty range.
+    """
+    from oxla.dtypes import to_numpy_dtype
+
+    inits = {t.name for t in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in inits]
+    named = {d.dim_param for i in inputs for d in i.type.tensor_type.shape.dim if d.dim_param}
+    unknown = sorted(set(dims or {}) - named)
+    if unknown:
+        raise InputError(f"--dim names {unknown} are not dims of this model's inputs; "
+                         f"its symbolic dims are {sorted(named) or 'none'}")
+    specs: list[InputSpec] = []
+    for info in inputs:
         if info.type.WhichOneof("value") != "tensor_type":
             raise InputError(f"input '{info.name}' is not a tensor; give it with --input")
-        shape = []
-        for d in tt.shape.dim:
-            if d.HasField("dim_value") and d.dim_value > 0:
-                shape.append(d.dim_value)
-            else:
-                shape.append((dims or {}).get(d.dim_param, default_dim))
-        feeds[info.name] = random_array(to_numpy_dtype(tt.elem_type), tuple(shape), rng)
+        tt = info.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")
+                 for d in tt.shape.dim]
+        specs.append((info.name, to_numpy_dtype(tt.elem_type), shape))
+    return random_for_specs(specs, index_bounds(model), seed=seed, dims=dims,
+                            default_dim=default_dim, int_range=int_range)
+
+
+def random_for_specs(specs: Sequence[InputSpec], bounds: Mapping[str, int],
+                     *, seed: int = 0, dims: Mapping[str, int] | None = None, default_dim: int = 1,
+                     int_range: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
+    """Random inputs from (name, dtype, shape with ints or dim names) triples; see random_feeds."""
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    for name, dtype, shape in specs:
+        if dtype is None:
+            raise InputError(f"input '{name}' is not a tensor; give it with --input")
+        concrete = tuple(d if isinstance(d, int) else (dims or {}).get(d, default_dim) for d in shape)
+        low, high = _int_range(name, bounds.get(name), int_range)
+        feeds[name] = random_array(dtype, concrete, rng, low=low, high=high)
     return feeds
 
 
-def random_array(dtype: np.dtype, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+def _int_range(name: str, bound: int | None, given: tuple[int, int] | None) -> tuple[int, int]:
+    if bound is None:
+        return given or (0, 10)
+    # Gather takes indices in [-n, n): a given range is clipped to the axis it indexes.
+    low, high = (max(given[0], -bound), min(given[1], bound)) if given else (0, bound)
+    if low >= high:
+        raise InputError(f"--int-range {given} leaves no valid index for '{name}', "
+                         f"which indexes an axis of size {bound}")
+    return low, high
+
+
+def random_array(dtype: np.dtype, shape: tuple[int, ...], rng: np.random.Generator, *,
+                 low: int = 0, high: int = 10) -> np.ndarray:
+    """Random values of a dtype: normal floats, integers in [low, high), booleans as masks."""
     if dtype == np.bool_:
-        return rng.random(shape) < 0.5
+        return _mask(shape, rng)
     if dtype.kind in "iu":
-        return rng.integers(0, 10, shape).astype(dtype)
+        return rng.integers(low, high, shape).astype(dtype)
     if dtype == np.dtype(object):
         return np.array(rng.choice(["a", "b", "c"], shape), dtype=object)
     return rng.standard_normal(shape).astype(dtype)
+
+
+def _mask(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """A padding mask: along the last axis each row is True for a prefix of at least one."""
+    if not shape or shape[-1] == 0:
+        return np.ones(shape, np.bool_)
+    lengths = rng.integers(1, shape[-1] + 1, shape[:-1])
+    return np.arange(shape[-1]) < lengths[..., None]

@@ -175,7 +175,8 @@ class Interpreter:
         for value in outputs if isinstance(outputs, tuple) else (outputs,):
             for leaf in value if isinstance(value, list) else (value,):
                 shape = getattr(leaf, "shape", None)
-                if shape is None or not hasattr(leaf, "dtype"):
+                if shape is None or not hasattr(leaf, "dtype") \
+                        or not all(isinstance(d, int) for d in shape):  # symbolic (jax.export)
                     continue
                 size = math.prod(shape) * np.dtype(leaf.dtype).itemsize
                 if size > limit:

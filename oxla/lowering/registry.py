@@ -99,8 +99,14 @@ def register_rule(op_type: str, since: int, fn: RuleFn, **kwargs: Any) -> None:
     rule(op_type, since, **kwargs)(fn)
 
 
+def _load_rules() -> None:
+    """Import every rule family (once): the table is complete whoever reads it first."""
+    import oxla.lowering.ops  # noqa: F401  (registers every rule on import)
+
+
 def lookup(domain: str, op_type: str, opset: int) -> Rule | None:
     """The rule with the greatest since <= opset, or None."""
+    _load_rules()
     versions = _RULES.get((canonical_domain(domain), op_type))
     if not versions:
         return None
@@ -110,9 +116,11 @@ def lookup(domain: str, op_type: str, opset: int) -> Rule | None:
 
 def known_versions(domain: str, op_type: str) -> list[int]:
     """Every since-version that has a rule, for error messages."""
+    _load_rules()
     return [r.since for r in _RULES.get((canonical_domain(domain), op_type), [])]
 
 
 def all_rules() -> list[Rule]:
     """Every registered rule (for coverage tests and `oxla info`)."""
+    _load_rules()
     return [r for versions in _RULES.values() for r in versions]
