@@ -1,0 +1,199 @@
+"""Training-mode forward pass: the inference nodes downstream of BatchNormalization and Dropout,
+copied into the algorithm graph with batch statistics and a seeded dropout mask in standard ops."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper, shape_inference
+
+from oxla.dtypes import to_numpy_dtype
+from oxla.errors import TrainingError
+from oxla.lowering.registry import canonical_domain
+from oxla.training.build import Plan
+
+# splitmix64's constants; xor is replaced by add (same avalanche for a mask, and BitwiseXor
+# needs opset 18 while Add, Mul and BitShift on uint64 exist from opset 11)
+GOLDEN = 0x9E3779B97F4A7C15
+MIX1 = 0xBF58476D1CE4E5B9
+MIX2 = 0x94D049BB133111EB
+
+
+@dataclass(frozen=True)
+class TrainMode:
+    """How the training step's forward pass differs from inference.
+
+    freeze_batch_norm: keep BatchNormalization in inference mode (stored statistics, never
+        updated), as when fine-tuning a head on a frozen backbone.
+    unbiased_running_var: update the running variance with the unbiased batch variance
+        (PyTorch's convention); False uses the population variance ONNX's training-mode
+        outputs define.
+    dropout: Dropout drops (a mask from the recipe's seed, the node and the step counter).
+    """
+
+    freeze_batch_norm: bool = False
+    unbiased_running_var: bool = True
+    dropout: bool = True
+
+
+@dataclass(frozen=True)
+class _Graph:
+    """What the copy needs to know about the inference graph."""
+
+    opset: int
+    static: dict[str, np.ndarray]   # initializers and Constant outputs
+    elem: dict[str, int]            # element types the shape inference found
+
+
+def _graph_facts(model: ModelProto) -> _Graph:
+    opset = {canonical_domain(o.domain): o.version for o in model.opset_import}.get("", 0)
+    static = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+            static[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    inferred = shape_inference.infer_shapes(model).graph
+    elem = {v.name: v.type.tensor_type.elem_type
+            for v in [*inferred.input, *inferred.value_info, *inferred.output]}
+    elem.update({t.name: t.data_type for t in model.graph.initializer})
+    return _Graph(opset, static, elem)
+
+
+def training_forward(model: ModelProto, output: str, step: str, seed: str, plan: Plan,
+                     mode: TrainMode) -> str:
+    """Copy the nodes between the mode-dependent ones and `output` into `plan` in training mode.
+
+    Returns:
+        The name of `output`'s training-mode value (`output` itself when nothing changes).
+
+    Raises:
+        TrainingError: a Dropout ratio that is not a constant.
+    """
+    facts = _graph_facts(model)
+    renamed: dict[str, str] = {}
+    for index, node in enumerate(model.graph.node):
+        changes = _changes_mode(node, mode)
+        if not changes and not any(i in renamed for i in node.input):
+            continue
+        inputs = [renamed.get(i, i) for i in node.input]
+        outputs = {o: plan.names(f"{o}.train") for o in node.output if o}
+        if changes and node.op_type == "BatchNormalization":
+            _batch_norm(node, inputs, outputs, facts, plan, mode)
+        elif changes:
+            _dropout(node, index, inputs, outputs, facts, step, seed, plan)
+        else:
+            copy = NodeProto()
+            copy.CopyFrom(node)
+            copy.name = plan.names(f"{node.name or node.op_type}.train")
+            copy.input[:] = inputs
+            copy.output[:] = [outputs.get(o, o) for o in node.output]
+            plan.nodes.append(copy)
+        renamed.update(outputs)
+    return renamed.get(output, output)
+
+
+def _changes_mode(node: NodeProto, mode: TrainMode) -> bool:
+    if node.domain not in ("", "ai.onnx"):
+        return False
+    if node.op_type == "BatchNormalization":
+        return not mode.freeze_batch_norm
+    return node.op_type == "Dropout" and mode.dropout
+
+
+def _batch_norm(node: NodeProto, inputs: list[str], outputs: dict[str, str], facts: _Graph,
+                plan: Plan, mode: TrainMode) -> None:
+    """BatchNormalization with batch statistics; the running statistics are bound as updates."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    momentum = float(attrs.get("momentum", 0.9))
+    y = outputs[node.output[0]]
+    mean_new, var_new = plan.names(f"{inputs[3]}.batch"), plan.names(f"{inputs[4]}.batch")
+    if facts.opset >= 14:
+        attrs["training_mode"] = 1
+    elif facts.opset < 7:
+        attrs["is_test"] = 0
+    # before opset 14 the training outputs exist when named; either way Y uses the batch's
+    # statistics and running = stored * momentum + batch * (1 - momentum)
+    # opsets 7-13 allow 1 or 5 outputs: the last two (the batch's statistics) go unused
+    saved = [plan.names(f"{inputs[3]}.saved"), plan.names(f"{inputs[4]}.saved")] if facts.opset < 14 else []
+    plan.nodes.append(helper.make_node("BatchNormalization", inputs[:5], [y, mean_new, var_new, *saved],
+                                       name=plan.names(f"{node.name or 'bn'}.train"), **attrs))
+    if mode.unbiased_running_var:
+        var_new = _unbiased(inputs[0], inputs[4], var_new, momentum, facts, plan)
+    for key, value in ((inputs[3], mean_new), (inputs[4], var_new)):
+        if key not in facts.static:
+            raise TrainingError(f"BatchNormalization '{node.name}': running statistic '{key}' "
+                                f"is not an initializer, so it cannot be updated")
+        elem = facts.elem.get(key, TensorProto.FLOAT)
+        shape = list(facts.static[key].shape)
+        plan.outputs.append(helper.make_tensor_value_info(value, elem, shape))
+        plan.bindings.append((key, value))
+
+
+def _unbiased(x: str, var: str, onnx_var: str, momentum: float, facts: _Graph, plan: Plan) -> str:
+    """var * m + (onnx_var - var * m) * n / (n - 1): the population variance ONNX's running_var
+    holds, rescaled to the unbiased one PyTorch keeps (n values per channel)."""
+    dtype = to_numpy_dtype(facts.elem.get(var, TensorProto.FLOAT))
+    size = plan.node("Size", [x], f"{x}.size")
+    channels = plan.node("Gather", [plan.node("Shape", [x], f"{x}.shape"),
+                                    plan.const(1, "train.one.index", np.int64)], f"{x}.channels")
+    n = plan.node("Cast", [plan.node("Div", [size, channels], f"{x}.count")], f"{x}.countf",
+                  to=helper.np_dtype_to_tensor_dtype(dtype))
+    factor = plan.node("Div", [n, plan.node("Sub", [n, plan.const(1, "train.onef", dtype)], f"{x}.count1")],
+                       f"{x}.bessel")
+    kept = plan.node("Mul", [var, plan.const(momentum, "train.momentum", dtype)], f"{var}.kept")
+    added = plan.node("Mul", [plan.node("Sub", [onnx_var, kept], f"{var}.added"), factor], f"{var}.unbiased")
+    return plan.node("Add", [kept, added], f"{var}.running")
+
+
+def _ratio(node: NodeProto, inputs: list[str], facts: _Graph) -> float:
+    if node.op_type == "Dropout" and facts.opset >= 12:
+        if len(inputs) < 2 or not inputs[1]:
+            return 0.5
+        if inputs[1] not in facts.static:
+            raise TrainingError(f"Dropout '{node.name}': the ratio must be a constant or an "
+                                f"initializer to train with dropout; '{inputs[1]}' is computed")
+        return float(facts.static[inputs[1]])
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    return float(attrs.get("ratio", 0.5))
+
+
+def _dropout(node: NodeProto, index: int, inputs: list[str], outputs: dict[str, str],
+             facts: _Graph, step: str, seed: str, plan: Plan) -> None:
+    """Y = X * keep / (1 - ratio) with keep = uniform >= ratio, the uniform values hashed from
+    (seed, step, node index, position): the same seed gives the same masks, run after run."""
+    x, ratio = inputs[0], _ratio(node, inputs, facts)
+    elem = facts.elem.get(node.input[0], TensorProto.FLOAT)
+    u64 = TensorProto.UINT64
+    key = plan.node("Add", [
+        plan.node("Mul", [plan.node("Cast", [seed], "train.seed.u64", to=u64),
+                          plan.const(MIX1, "train.mix1", np.uint64)], "train.seed.mixed"),
+        plan.node("Mul", [plan.node("Cast", [step], "train.step.u64", to=u64),
+                          plan.const(MIX2, "train.mix2", np.uint64)], "train.step.mixed")], f"{x}.key")
+    key = plan.node("Add", [key, plan.const((index + 1) * GOLDEN % 2**64, f"{x}.node", np.uint64)], f"{x}.key")
+    shape = plan.node("Shape", [x], f"{x}.shape")
+    count = plan.node("ReduceProd", [shape], f"{x}.count", keepdims=1)
+    position = plan.node("Range", [plan.const(0, "train.zero", np.int64), plan.node(
+        "Squeeze", [count], f"{x}.count0"), plan.const(1, "train.one", np.int64)], f"{x}.position")
+    z = plan.node("Mul", [plan.node("Cast", [position], f"{x}.position.u64", to=u64),
+                          plan.const(GOLDEN, "train.golden", np.uint64)], f"{x}.hash")
+    z = plan.node("Add", [z, key], f"{x}.hash")
+    for shift, mul in ((30, MIX1), (27, MIX2), (31, None)):
+        z = plan.node("Add", [z, plan.node("BitShift", [z, plan.const(shift, f"train.shift{shift}", np.uint64)],
+                                           f"{x}.hash", direction="RIGHT")], f"{x}.hash")
+        if mul is not None:
+            z = plan.node("Mul", [z, plan.const(mul, f"train.mul{shift}", np.uint64)], f"{x}.hash")
+    top = plan.node("BitShift", [z, plan.const(40, "train.shift40", np.uint64)], f"{x}.bits", direction="RIGHT")
+    uniform = plan.node("Mul", [plan.node("Cast", [top], f"{x}.bitsf", to=TensorProto.FLOAT),
+                                plan.const(2.0 ** -24, "train.ulp24", np.float32)], f"{x}.uniform")
+    keep = plan.node("Not", [plan.node("Less", [uniform, plan.const(ratio, f"{x}.ratio", np.float32)],
+                                       f"{x}.drop")], f"{x}.keep")
+    keep = plan.node("Reshape", [keep, shape], f"{x}.keep")
+    scale = plan.node("Cast", [keep], f"{x}.scale", to=elem)
+    scale = plan.node("Mul", [scale, plan.const(1 / (1 - ratio) if ratio < 1 else 0.0, f"{x}.inv_keep",
+                                                to_numpy_dtype(elem))], f"{x}.scale")
+    plan.nodes.append(helper.make_node("Mul", [x, scale], [outputs[node.output[0]]],
+                                       name=plan.names(f"{node.name or 'dropout'}.train")))
+    if len(node.output) > 1 and node.output[1]:
+        mask = helper.make_node("Cast", [keep], [outputs[node.output[1]]], name=plan.names(f"{x}.mask"),
+                                to=TensorProto.BOOL if facts.opset >= 10 else elem)
+        plan.nodes.append(mask)
