@@ -116,9 +116,9 @@ def default_trainable(model: ModelProto) -> list[str]:
 
 
 def _optimizer_nodes(opt: Optimizer, weights: Sequence[TensorProto], grads: Sequence[str], step: str,
-                     recipe: Recipe, plan: Plan) -> tuple[str, list[tuple[str, TensorProto]]]:
-    """The learning rate (scheduled), the optimizer node and step + 1; returns (lr name,
-    [(state name, zeros)])."""
+                     recipe: Recipe, plan: Plan) -> tuple[str, str, list[tuple[str, TensorProto]]]:
+    """The learning rate (scheduled), the optimizer node and step + 1; returns (base lr name,
+    this step's lr name, [(state name, zeros)])."""
     op, kinds, attrs = _op_and_states(opt)
     wide = TensorProto.DOUBLE if all(w.data_type == TensorProto.DOUBLE for w in weights) else TensorProto.FLOAT
     lr = plan.const(opt.lr, "train.lr", to_numpy_dtype(wide))
@@ -149,7 +149,7 @@ def _optimizer_nodes(opt: Optimizer, weights: Sequence[TensorProto], grads: Sequ
     plan.outputs += [value_info(n, t.data_type, list(t.dims)) for n, t in zip(new, typed)]
     plan.outputs.append(value_info(step_new, TensorProto.INT64, []))
     plan.bindings += [*zip(targets, new), (step, step_new)]
-    return lr, states
+    return lr, rate, states
 
 
 def first_step(opt: Optimizer) -> int:
@@ -254,13 +254,13 @@ def make_trainable(model: ModelSource, loss: str = "cross_entropy", optimizer: s
     plan.value_infos += [value_info(g, inits[w].data_type, list(inits[w].dims)) for g, w in zip(grads, weights)]
     if recipe.clip_norm is not None:
         grads = clip_nodes(grads, [inits[w].data_type for w in weights], recipe.clip_norm, plan)
-    lr_name, states = _optimizer_nodes(opt, [inits[w] for w in weights], grads, step, recipe, plan)
+    lr_name, rate, states = _optimizer_nodes(opt, [inits[w] for w in weights], grads, step, recipe, plan)
     algorithm = helper.make_graph(plan.nodes, "algorithm", plan.inputs, plan.outputs, plan.inits,
                                   value_info=plan.value_infos)
     init_graph, init_bindings = _initialization(step, first_step(opt), states, plan.names)
     proto.training_info.append(helper.make_training_info(algorithm, plan.bindings, init_graph, init_bindings))
     _imports(proto)
-    _summarise(proto, opt, loss, out_info.name, labels, lr_name, step, len(weights), recipe, seed)
+    _summarise(proto, opt, loss, out_info.name, labels, (lr_name, rate), step, len(weights), recipe, seed)
     return proto
 
 
@@ -279,15 +279,17 @@ def _imports(model: ModelProto) -> None:
 
 
 def _summarise(model: ModelProto, opt: Optimizer, loss: str, output: str, labels: str,
-               lr: str, step: str, count: int, recipe: Recipe, seed: str) -> None:
+               lr: tuple[str, str], step: str, count: int, recipe: Recipe, seed: str) -> None:
     op, _, attrs = _op_and_states(opt)
     name = {"Momentum": f"{attrs.get('mode')} momentum", "Adam": "AdamW" if isinstance(opt, AdamW) else "Adam"}
     extra = {"weight_decay": opt.weight_decay} if isinstance(opt, AdamW) else {}
     props = {"optimizer": name.get(op, op), "loss": loss,
-             "output": output, "labels": labels, "learning_rate": lr, "step_counter": step,
+             "output": output, "labels": labels, "learning_rate": lr[0], "step_counter": step,
              "hyperparameters": json.dumps({"lr": opt.lr, **attrs, **extra}), "trainable": str(count),
              "recipe": json.dumps(_recipe_summary(recipe)), "random_seed": str(recipe.seed),
              "seed_initializer": seed}
+    if lr[1] != lr[0]:  # an algorithm output: the scheduled rate of each step
+        props["scheduled_learning_rate"] = lr[1]
     for key, value in props.items():
         model.metadata_props.add(key=META + key, value=value)
 

@@ -187,6 +187,7 @@ def schedule_nodes(schedule: Schedule, lr: str, step: str, start: int, dtype: np
                                  plan.const(float(schedule.warmup), "train.warmup", np.float64)], "train.ramp")
         ramp = plan.node("Min", [ramp, plan.const(1.0, "train.onef64", np.float64)], "train.warm")
         factor = ramp if factor is None else plan.node("Mul", [factor, ramp], "train.factor")
-    assert factor is not None  # constant without warmup returned above
+    if factor is None:
+        return lr
     scaled = plan.node("Cast", [factor], "train.factor.cast", to=_elem(dtype))
     return plan.node("Mul", [lr, scaled], "train.lr.now")
