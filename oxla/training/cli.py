@@ -14,6 +14,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from oxla.errors import InputError, TrainingError
+from oxla.training.recipe import LOSSES, SCHEDULES
 
 EPILOG = """\
 The .npz holds x_train and y_train (x and y also work), and optionally x_test and y_test for the
@@ -38,23 +39,79 @@ def add_train_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32, help="samples per step (default 32; "
                    "the last partial batch of an epoch is dropped so every step has one shape)")
     p.add_argument("--lr", type=float, help="learning rate (sets the model's learning-rate initializer)")
-    p.add_argument("--optimizer", choices=["adam", "momentum", "nesterov", "adagrad", "sgd"],
+    p.add_argument("--optimizer", choices=["adam", "adamw", "momentum", "nesterov", "adagrad", "sgd"],
                    help="for a model without training_info (default adam)")
-    p.add_argument("--loss", choices=["cross_entropy", "mse"],
+    p.add_argument("--loss", choices=list(LOSSES),
                    help="for a model without training_info (default: cross_entropy for integer "
                         "labels, else mse)")
+    _add_recipe_options(p)
     p.add_argument("--out", type=Path, help="where to write the trained model, training_info "
                    "kept (default MODEL.trained.onnx)")
     p.add_argument("--export", type=Path, metavar="FILE", help="also write the inference model "
                    "(training_info stripped)")
     p.add_argument("--checkpoint", type=Path, help="per-epoch checkpoint (default OUT.ckpt.onnx)")
     p.add_argument("--resume", type=Path, metavar="CHECKPOINT", help="continue from a checkpoint")
-    p.add_argument("--seed", type=int, default=0, help="shuffling seed (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="shuffling seed, and the seed of the recipe's "
+                   "random ops (dropout) for a model made trainable here (default 0)")
     p.add_argument("--devices", type=int, help="shard each batch over N local devices")
     p.add_argument("--plot", type=Path, metavar="FILE.png", help="draw the loss curve; needs "
                    "matplotlib, which is not an oxla dependency (pip install matplotlib)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
+
+
+def _add_recipe_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("recipe", "for a model without training_info: written into the "
+                             "training graph as standard ops (see docs/training.md)")
+    g.add_argument("--schedule", choices=list(SCHEDULES), help="learning-rate schedule over steps "
+                   "(default constant)")
+    g.add_argument("--warmup", type=int, metavar="STEPS", help="linear warm-up over the first STEPS steps")
+    g.add_argument("--step-size", type=int, metavar="STEPS", help="step schedule: decay every STEPS steps")
+    g.add_argument("--gamma", type=float, help="step schedule: the decay factor (default 0.1)")
+    g.add_argument("--total-steps", type=int, metavar="STEPS", help="cosine schedule: steps to the "
+                   "lowest rate (default: every step of the run)")
+    g.add_argument("--min-lr-ratio", type=float, metavar="R", help="cosine schedule: the lowest rate "
+                   "as a fraction of --lr (default 0)")
+    g.add_argument("--weight-decay", type=float, help="adamw: decoupled weight decay (default 0.01)")
+    g.add_argument("--clip-norm", type=float, metavar="NORM", help="clip gradients to this global L2 norm")
+    g.add_argument("--l2", type=float, help="add L2 / 2 * sum of squared weights to the loss")
+    g.add_argument("--label-smoothing", type=float, metavar="EPS", help="cross_entropy label smoothing")
+    g.add_argument("--huber-delta", type=float, metavar="DELTA", help="huber: where the loss turns "
+                   "linear (default 1)")
+    g.add_argument("--freeze-bn", action="store_true", help="keep BatchNormalization in inference "
+                   "mode (stored statistics, not updated)")
+
+
+RECIPE_FLAGS = ("schedule", "warmup", "step_size", "gamma", "total_steps", "min_lr_ratio", "weight_decay",
+                "clip_norm", "l2", "label_smoothing", "huber_delta", "freeze_bn")
+
+
+def _recipe(args: argparse.Namespace, steps: int) -> Any:
+    """The Recipe the flags ask for; `steps` is the whole run's step count (cosine's default)."""
+    from oxla.training.modes import TrainMode
+    from oxla.training.recipe import Recipe, Schedule
+
+    schedule = Schedule(args.schedule or "constant", warmup=args.warmup or 0,
+                        step_size=args.step_size or 1, gamma=0.1 if args.gamma is None else args.gamma,
+                        total=args.total_steps or max(steps, 1),
+                        floor=args.min_lr_ratio or 0.0)
+    return Recipe(schedule, clip_norm=args.clip_norm, l2=args.l2 or 0.0,
+                  label_smoothing=args.label_smoothing or 0.0,
+                  huber_delta=1.0 if args.huber_delta is None else args.huber_delta, seed=args.seed,
+                  mode=TrainMode(freeze_batch_norm=args.freeze_bn))
+
+
+def _optimizer(args: argparse.Namespace) -> Any:
+    from dataclasses import replace
+
+    from oxla.training.make import AdamW, optimizer_from
+
+    opt = optimizer_from(args.optimizer or "adam", args.lr)
+    if args.weight_decay is not None:
+        if not isinstance(opt, AdamW):
+            raise InputError("--weight-decay applies to --optimizer adamw (use --l2 for the others)")
+        opt = replace(opt, weight_decay=args.weight_decay)
+    return opt
 
 
 @dataclass
@@ -98,12 +155,15 @@ def _prepare_model(args: argparse.Namespace, data: _Data) -> Any:
     from oxla.training.make import META, make_trainable
 
     model = load_model(args.resume or args.model)
+    asked = [f"--{f.replace('_', '-')}" for f in ("optimizer", "loss", *RECIPE_FLAGS)
+             if getattr(args, f) not in (None, False)]
     if not model.training_info:
         loss = args.loss or ("cross_entropy" if data.y.dtype.kind in "iu" else "mse")
-        model = make_trainable(model, loss, args.optimizer or "adam", lr=args.lr)
-    elif args.optimizer or args.loss:
-        raise TrainingError("the model already has a training recipe (training_info); --optimizer "
-                            "and --loss apply to models without one")
+        steps = args.epochs * (len(data.x) // max(args.batch_size, 1))
+        model = make_trainable(model, loss, _optimizer(args), recipe=_recipe(args, steps))
+    elif asked:
+        raise TrainingError(f"the model already has a training recipe (training_info); {', '.join(asked)} "
+                            f"apply to models without one")
     elif args.lr is not None:
         name = {p.key: p.value for p in model.metadata_props}.get(META + "learning_rate")
         if name is None:
