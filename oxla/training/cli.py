@@ -50,6 +50,8 @@ def add_train_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--export", type=Path, metavar="FILE", help="also write the inference model "
                    "(training_info stripped)")
     p.add_argument("--checkpoint", type=Path, help="per-epoch checkpoint (default OUT.ckpt.onnx)")
+    p.add_argument("--external-data", action="store_true", help="write tensors to a data file beside "
+                   "each model (always done when a model is over protobuf's 2 GiB limit)")
     p.add_argument("--resume", type=Path, metavar="CHECKPOINT", help="continue from a checkpoint")
     p.add_argument("--seed", type=int, default=0, help="shuffling seed, and the seed of the recipe's "
                    "random ops (dropout) for a model made trainable here (default 0)")
@@ -151,10 +153,10 @@ def _set_initializer(model: Any, name: str, value: float) -> None:
 
 def _prepare_model(args: argparse.Namespace, data: _Data) -> Any:
     """The training model: the file itself, or made trainable with the requested recipe."""
-    from oxla.load import load_model
+    from oxla.training.checkpoint import load_saved
     from oxla.training.make import META, make_trainable
 
-    model = load_model(args.resume or args.model)
+    model = load_saved(args.resume or args.model)
     asked = [f"--{f.replace('_', '-')}" for f in ("optimizer", "loss", *RECIPE_FLAGS)
              if getattr(args, f) not in (None, False)]
     if not model.training_info:
@@ -300,6 +302,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if len(data.x) < args.batch_size:
         raise InputError(f"--batch-size {args.batch_size} is larger than the data ({len(data.x)} samples)")
     losses = []
+    external = True if args.external_data else None  # None: only when over the limit
     for epoch in range(first, args.epochs):
         order = np.random.default_rng([args.seed, epoch]).permutation(len(data.x))
         progress = _Progress(len(order) // args.batch_size, f"epoch {epoch + 1}/{args.epochs}",
@@ -308,11 +311,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         losses.append(loss)
         print(f"epoch {epoch + 1}/{args.epochs}: mean loss {loss:.4f}, "
               f"{_evaluate(session, data, feeds)}, {rate:,.0f} samples/s", flush=True)
-        session.save(checkpoint, {META_EPOCH: str(epoch + 1), META_SEED: str(args.seed)})
-    session.save(out, {META_EPOCH: str(args.epochs), META_SEED: str(args.seed)})
+        session.save(checkpoint, {META_EPOCH: str(epoch + 1), META_SEED: str(args.seed)}, external_data=external)
+    session.save(out, {META_EPOCH: str(args.epochs), META_SEED: str(args.seed)}, external_data=external)
     print(f"wrote {out} (checkpoints: {checkpoint})")
     if args.export:
-        session.export_inference(args.export)
+        session.export_inference(args.export, external_data=external)
         print(f"wrote {args.export} (inference model)")
     if args.plot:
         _plot(args.plot, losses)

@@ -16,9 +16,9 @@ from oxla.dtypes import to_numpy_dtype, type_name
 from oxla.errors import InputError, NotStaticError, TrainingError
 from oxla.executor import x64
 from oxla.graph import initializer_values
-from oxla.load import ModelSource, load_model
+from oxla.load import ModelSource
 from oxla.training.bindings import Binding, Stage, combined_model, parse_training, standalone_model
-from oxla.training.checkpoint import save_model
+from oxla.training.checkpoint import load_saved, save_model
 from oxla.training.make import strip_training
 from oxla.training.parallel import Placement, placement
 
@@ -98,7 +98,7 @@ class TrainingSession:
     """
 
     def __init__(self, path_or_bytes: ModelSource, *, devices: int | None = None) -> None:
-        self._model = load_model(path_or_bytes)
+        self._model = load_saved(path_or_bytes)
         self._stages = parse_training(self._model)
         if not self._stages:
             raise TrainingError("the model has no training_info; make one with "
@@ -275,13 +275,22 @@ class TrainingSession:
                 out.metadata_props.add(key=key, value=value)
         return out
 
-    def save(self, path: str | os.PathLike[str], metadata: Mapping[str, str] | None = None) -> None:
-        """Write the model with its current state and training_info, atomically (temp, fsync, rename)."""
-        save_model(self.model(metadata), path)
+    def save(self, path: str | os.PathLike[str], metadata: Mapping[str, str] | None = None, *,
+             external_data: bool | None = None) -> None:
+        """Write the model with its current state and training_info, atomically (temp, fsync, rename).
 
-    def export_inference(self, path: str | os.PathLike[str]) -> None:
-        """Write the inference model (training_info stripped) with the current state, atomically."""
-        save_model(strip_training(self.model()), path)
+        Args:
+            path: the .onnx file.
+            metadata: metadata_props to add or replace.
+            external_data: tensors in a data file beside the model: True always, False never,
+                None when they are over protobuf's 2 GiB limit (see checkpoint.save_model).
+        """
+        save_model(self.model(metadata), path, external_data=external_data)
+
+    def export_inference(self, path: str | os.PathLike[str], *, external_data: bool | None = None) -> None:
+        """Write the inference model (training_info stripped) with the current state, atomically;
+        `external_data` as in save."""
+        save_model(strip_training(self.model()), path, external_data=external_data)
 
 
 def _write_state(graph: GraphProto, state: Mapping[str, np.ndarray]) -> None:

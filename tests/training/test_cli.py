@@ -161,3 +161,20 @@ def test_recipe_flags_are_refused_where_they_cannot_apply(tmp_path: Path,
     assert main(["train", str(model), "--data", str(data), "--epochs", "0", "--out", str(trainable)]) == 0
     assert main(["train", str(trainable), "--data", str(data), "--clip-norm", "1", "--freeze-bn"]) == 2
     assert "--clip-norm, --freeze-bn apply to models without one" in capsys.readouterr().err
+
+
+def test_external_data_checkpoints_resume(tmp_path: Path) -> None:
+    model, data = _setup(tmp_path)
+    ckpt, out = tmp_path / "c.onnx", tmp_path / "o.onnx"
+    common = ["--data", str(data), "--batch-size", "32", "--quiet"]
+    external = [*common, "--checkpoint", str(ckpt), "--external-data", "--out", str(out)]
+    assert main(["train", str(model), *external, "--epochs", "1"]) == 0
+    names = sorted(p.name.split(".")[0] for p in tmp_path.iterdir() if p.name.endswith(".data"))
+    assert names == ["c", "o"]  # one data file beside each model
+    assert main(["train", str(model), *external, "--epochs", "2", "--resume", str(ckpt)]) == 0
+    assert len([p for p in tmp_path.iterdir() if p.name.endswith(".data")]) == 2  # old ones removed
+    straight = tmp_path / "s.onnx"
+    assert main(["train", str(model), *common, "--epochs", "2", "--out", str(straight)]) == 0
+    got = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(str(out)).graph.initializer}
+    for name, value in _weights(straight).items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
