@@ -56,6 +56,11 @@ def add_train_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="shuffling seed, and the seed of the recipe's "
                    "random ops (dropout) for a model made trainable here (default 0)")
     p.add_argument("--devices", type=int, help="shard each batch over N local devices")
+    p.add_argument("--coordinator", metavar="HOST:PORT", help="join JAX's distributed runtime: each "
+                   "of --num-processes processes runs this command with its --process-id, and "
+                   "feeds its share of every batch; process 0 writes the files")
+    p.add_argument("--num-processes", type=int, metavar="N", help="processes in the run (with --coordinator)")
+    p.add_argument("--process-id", type=int, metavar="I", help="this process, 0..N-1 (with --coordinator)")
     p.add_argument("--plot", type=Path, metavar="FILE.png", help="draw the loss curve; needs "
                    "matplotlib, which is not an oxla dependency (pip install matplotlib)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -223,16 +228,19 @@ class _Progress:
 
 
 def _epoch(session: Any, data: _Data, feeds: _Feeds, order: np.ndarray, batch: int,
-           progress: _Progress) -> tuple[float, float]:
-    """One pass over `order`; returns (mean loss, samples per second)."""
+           progress: _Progress, part: tuple[int, int] = (0, 1)) -> tuple[float, float]:
+    """One pass over `order`; returns (mean loss, samples per second). `part` (index, count):
+    this process feeds that share of the rows of every batch."""
     steps = len(order) // batch
     loss_name = _loss_name(session)
     losses = []
     start = time.perf_counter()
+    share = batch // part[1]
     for i in range(steps):
-        idx = order[i * batch:(i + 1) * batch]
+        idx = order[i * batch + part[0] * share:i * batch + (part[0] + 1) * share]
         out = session.step_async({feeds.x: data.x[idx], feeds.y: data.y[idx]}, outputs=[loss_name])
-        losses.append(out[loss_name])
+        # across processes only the local copy of the (replicated) loss can be read
+        losses.append(out[loss_name] if part[1] == 1 else session.to_host(out[loss_name]))
         progress.update(i + 1, (i + 1) * batch, losses[-1], final=i == steps - 1)
     mean = float(np.mean([float(v) for v in losses]))
     return mean, steps * batch / max(time.perf_counter() - start, 1e-9)
@@ -281,12 +289,28 @@ def _check_args(args: argparse.Namespace) -> None:
             raise InputError(f"--{option} {path}: folder '{path.resolve().parent}' does not exist")
 
 
+def _join(args: argparse.Namespace) -> tuple[int, int]:
+    """Join the distributed runtime when asked; returns (process index, process count)."""
+    given = [args.coordinator, args.num_processes, args.process_id]
+    if all(v is None for v in given):
+        return 0, 1
+    if any(v is None for v in given):
+        raise InputError("--coordinator, --num-processes and --process-id go together")
+    if args.batch_size % args.num_processes:
+        raise InputError(f"--batch-size {args.batch_size} must divide by --num-processes {args.num_processes}")
+    from oxla.training.parallel import join
+
+    join(args.coordinator, args.num_processes, args.process_id)
+    return args.process_id, args.num_processes
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     """Run `oxla train`; returns the exit status."""
     from oxla.training.session import TrainingSession
 
     _check_args(args)
     data = load_data(args.data)
+    part = _join(args)
     model = _prepare_model(args, data)
     session = TrainingSession(model, devices=args.devices)
     meta = session.metadata
@@ -296,22 +320,41 @@ def cmd_train(args: argparse.Namespace) -> int:
     elif int(meta.get(META_SEED, args.seed)) != args.seed:
         print(f"oxla train: note: the checkpoint was shuffled with seed {meta[META_SEED]}, "
               f"continuing with --seed {args.seed}", file=sys.stderr)
-    out = args.out or Path(args.model).with_suffix(".trained.onnx")
-    checkpoint = args.checkpoint or out.with_suffix(".ckpt.onnx")
-    feeds = _feed_names(session)
     if len(data.x) < args.batch_size:
         raise InputError(f"--batch-size {args.batch_size} is larger than the data ({len(data.x)} samples)")
-    losses = []
+    losses = _train_epochs(session, args, data, first, part)
+    if part[0] == 0:  # one writer: every process holds the same state
+        _write_results(session, args, losses)
+    return 0
+
+
+def _outputs(args: argparse.Namespace) -> tuple[Path, Path, bool | None]:
+    out = args.out or Path(args.model).with_suffix(".trained.onnx")
     external = True if args.external_data else None  # None: only when over the limit
+    return out, args.checkpoint or out.with_suffix(".ckpt.onnx"), external
+
+
+def _train_epochs(session: Any, args: argparse.Namespace, data: _Data, first: int,
+                  part: tuple[int, int]) -> list[float]:
+    feeds = _feed_names(session)
+    _, checkpoint, external = _outputs(args)
+    losses = []
     for epoch in range(first, args.epochs):
         order = np.random.default_rng([args.seed, epoch]).permutation(len(data.x))
         progress = _Progress(len(order) // args.batch_size, f"epoch {epoch + 1}/{args.epochs}",
-                             quiet=args.quiet)
-        loss, rate = _epoch(session, data, feeds, order, args.batch_size, progress)
+                             quiet=args.quiet or part[0] != 0)
+        loss, rate = _epoch(session, data, feeds, order, args.batch_size, progress, part)
         losses.append(loss)
         print(f"epoch {epoch + 1}/{args.epochs}: mean loss {loss:.4f}, "
               f"{_evaluate(session, data, feeds)}, {rate:,.0f} samples/s", flush=True)
-        session.save(checkpoint, {META_EPOCH: str(epoch + 1), META_SEED: str(args.seed)}, external_data=external)
+        if part[0] == 0:
+            session.save(checkpoint, {META_EPOCH: str(epoch + 1), META_SEED: str(args.seed)},
+                         external_data=external)
+    return losses
+
+
+def _write_results(session: Any, args: argparse.Namespace, losses: list[float]) -> None:
+    out, checkpoint, external = _outputs(args)
     session.save(out, {META_EPOCH: str(args.epochs), META_SEED: str(args.seed)}, external_data=external)
     print(f"wrote {out} (checkpoints: {checkpoint})")
     if args.export:
@@ -320,4 +363,3 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.plot:
         _plot(args.plot, losses)
         print(f"wrote {args.plot}")
-    return 0

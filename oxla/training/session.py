@@ -65,7 +65,8 @@ class _Step:
                 raise TrainingError(f"{b.describe()}: '{b.value}' is {_kind(value)} but "
                                     f"'{b.key}' is {_kind(state[b.key])}")
             new[b.key] = self.where.constrain(value)
-        return {n: outs[n] for n in wanted}, new
+        # replicated, so that every process can read the outputs (a no-op on one device)
+        return {n: self.where.constrain(outs[n]) for n in wanted}, new
 
 
 def _check_feeds(feeds: Mapping[str, Any], declared: Mapping[str, Any], what: str) -> dict[str, np.ndarray]:
@@ -155,7 +156,7 @@ class TrainingSession:
     def state(self) -> dict[str, np.ndarray]:
         """Every initializer (inference and algorithm graphs) with its current value."""
         out = dict(self._initial)
-        out.update({n: np.asarray(v) for n, v in self._state.items()})
+        out.update({n: self._where.to_host(v) for n, v in self._state.items()})
         return out
 
     # --- training -----------------------------------------------------------------------------
@@ -196,7 +197,7 @@ class TrainingSession:
                 type or shape.
         """
         result = self.step_async(feeds, algorithm, outputs)
-        return {n: np.asarray(v) for n, v in result.items()}
+        return {n: self._where.to_host(v) for n, v in result.items()}
 
     def step_async(self, feeds: Mapping[str, Any], algorithm: int = 0,
                    outputs: Sequence[str] | None = None) -> dict[str, jax.Array]:
@@ -214,6 +215,10 @@ class TrainingSession:
             self._state.update(new)
             self._version += 1
         return result
+
+    def to_host(self, value: Any) -> np.ndarray:
+        """A step_async output as numpy (across processes: this process's replicated copy)."""
+        return self._where.to_host(value)
 
     def _stage(self, algorithm: int) -> Stage:
         if not 0 <= algorithm < len(self._stages):
@@ -247,7 +252,7 @@ class TrainingSession:
             if any(n in compiled.constants for n in self._state) and self._version:
                 compiled = self._baked_model()  # a rule needs trained state as a constant
             elif self._inference_version != self._version:
-                compiled.set_parameters({n: np.asarray(v) for n, v in self._state.items()
+                compiled.set_parameters({n: self._where.to_host(v) for n, v in self._state.items()
                                          if n in compiled.params})
                 self._inference_version = self._version
         results = compiled(checked)
@@ -264,7 +269,7 @@ class TrainingSession:
         """The model with the current state as its initializers, training_info kept."""
         out = ModelProto()
         out.CopyFrom(self._model)
-        state = {n: np.asarray(v) for n, v in self._state.items()}
+        state = {n: self._where.to_host(v) for n, v in self._state.items()}
         _write_state(out.graph, state)
         for info in out.training_info:
             _write_state(info.algorithm, state)
