@@ -42,21 +42,33 @@ class _Graph:
     """What the copy needs to know about the inference graph."""
 
     opset: int
-    static: dict[str, np.ndarray]   # initializers and Constant outputs
-    elem: dict[str, int]            # element types the shape inference found
+    tensors: dict[str, TensorProto]   # initializers and Constant values, read when needed
+    elem: dict[str, int]              # element types the shape inference found
+
+    def static(self, name: str) -> np.ndarray | None:
+        return numpy_helper.to_array(self.tensors[name]) if name in self.tensors else None
 
 
 def _graph_facts(model: ModelProto) -> _Graph:
     opset = {canonical_domain(o.domain): o.version for o in model.opset_import}.get("", 0)
-    static = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    tensors = {t.name: t for t in model.graph.initializer}
     for n in model.graph.node:
         if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
-            static[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
-    inferred = shape_inference.infer_shapes(model).graph
+            tensors[n.output[0]] = n.attribute[0].t
+    # shape inference on the graph without initializer data: a model over 2 GiB cannot be
+    # serialized for the inference, and types are all it needs
+    declared = {i.name for i in model.graph.input}
+    typed = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+             for t in model.graph.initializer if t.name not in declared]
+    light = helper.make_model(helper.make_graph(model.graph.node, "types", [*model.graph.input, *typed],
+                                                model.graph.output, value_info=model.graph.value_info),
+                              opset_imports=model.opset_import, functions=model.functions)
+    light.ir_version = model.ir_version
+    inferred = shape_inference.infer_shapes(light).graph
     elem = {v.name: v.type.tensor_type.elem_type
             for v in [*inferred.input, *inferred.value_info, *inferred.output]}
     elem.update({t.name: t.data_type for t in model.graph.initializer})
-    return _Graph(opset, static, elem)
+    return _Graph(opset, tensors, elem)
 
 
 def training_forward(model: ModelProto, output: str, step: str, seed: str, plan: Plan,
@@ -120,11 +132,11 @@ def _batch_norm(node: NodeProto, inputs: list[str], outputs: dict[str, str], fac
     if mode.unbiased_running_var:
         var_new = _unbiased(inputs[0], inputs[4], var_new, momentum, facts, plan)
     for key, value in ((inputs[3], mean_new), (inputs[4], var_new)):
-        if key not in facts.static:
+        if key not in facts.tensors:
             raise TrainingError(f"BatchNormalization '{node.name}': running statistic '{key}' "
                                 f"is not an initializer, so it cannot be updated")
         elem = facts.elem.get(key, TensorProto.FLOAT)
-        shape = list(facts.static[key].shape)
+        shape = list(facts.tensors[key].dims)
         plan.outputs.append(helper.make_tensor_value_info(value, elem, shape))
         plan.bindings.append((key, value))
 
@@ -149,10 +161,11 @@ def _ratio(node: NodeProto, inputs: list[str], facts: _Graph) -> float:
     if node.op_type == "Dropout" and facts.opset >= 12:
         if len(inputs) < 2 or not inputs[1]:
             return 0.5
-        if inputs[1] not in facts.static:
+        ratio = facts.static(inputs[1])
+        if ratio is None:
             raise TrainingError(f"Dropout '{node.name}': the ratio must be a constant or an "
                                 f"initializer to train with dropout; '{inputs[1]}' is computed")
-        return float(facts.static[inputs[1]])
+        return float(ratio)
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     return float(attrs.get("ratio", 0.5))
 

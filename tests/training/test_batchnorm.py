@@ -164,3 +164,28 @@ def test_checker_accepts_training_mode_graphs(opset: int) -> None:
     onnx.checker.check_model(combined_model(model, parse_training(model)[0]), full_check=True)
     domains = {n.domain for n in model.training_info[0].algorithm.node}
     assert domains <= {"", "ai.onnx.preview.training"}
+
+
+def test_trained_running_statistics_serve_inference_and_onnxruntime(tmp_path: Path) -> None:
+    ort = pytest.importorskip("onnxruntime")
+    ref = _reference()
+    opt, _ = CASES["sgd"]
+    sess = _train(make_trainable(cnn_bn(_initial(ref)), "cross_entropy", opt), ref["x"][:4], ref["y"][:4])
+    sess.export_inference(tmp_path / "infer.onnx")
+    x = ref["x"][5]
+    (ours,) = sess.run(None, {"x": x})
+    theirs = ort.InferenceSession(str(tmp_path / "infer.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(ours, theirs[0], rtol=1e-4, atol=1e-5)
+    # the exported file holds the trained running statistics (inference reads them, not the batch's)
+    assert not np.allclose(sess.state["bn1.mean"], _initial(ref)["bn1.mean"])
+
+
+def test_dropout_ratio_must_be_constant() -> None:
+    from oxla.errors import TrainingError
+
+    model = cnn_bn(_initial(_reference()), dropout=0.5)
+    node = next(n for n in model.graph.node if n.op_type == "Dropout")
+    node.input[1] = "rate"
+    model.graph.input.append(onnx.helper.make_tensor_value_info("rate", onnx.TensorProto.FLOAT, []))
+    with pytest.raises(TrainingError, match="Dropout 'drop': the ratio must be a constant"):
+        make_trainable(model, "cross_entropy", "sgd")
