@@ -1,5 +1,5 @@
-"""Training-mode forward pass: the inference nodes downstream of BatchNormalization and Dropout,
-copied into the algorithm graph with batch statistics and a seeded dropout mask in standard ops."""
+"""Training-mode forward pass: the inference nodes downstream of BatchNormalization, Dropout and
+random ops, copied into the algorithm graph with batch statistics and seeded random values."""
 
 from __future__ import annotations
 
@@ -12,12 +12,7 @@ from oxla.dtypes import to_numpy_dtype
 from oxla.errors import TrainingError
 from oxla.lowering.registry import canonical_domain
 from oxla.training.build import Plan
-
-# splitmix64's constants; xor is replaced by add (same avalanche for a mask, and BitwiseXor
-# needs opset 18 while Add, Mul and BitShift on uint64 exist from opset 11)
-GOLDEN = 0x9E3779B97F4A7C15
-MIX1 = 0xBF58476D1CE4E5B9
-MIX2 = 0x94D049BB133111EB
+from oxla.training.randomness import RANDOM_OPS, Seeded
 
 
 @dataclass(frozen=True)
@@ -30,6 +25,9 @@ class TrainMode:
         (PyTorch's convention); False uses the population variance ONNX's training-mode
         outputs define.
     dropout: Dropout drops (a mask from the recipe's seed, the node and the step counter).
+
+    RandomUniform, RandomNormal (and *Like) and Bernoulli always draw from the recipe's seed
+    in the training step, as Dropout does.
     """
 
     freeze_batch_norm: bool = False
@@ -38,7 +36,7 @@ class TrainMode:
 
 
 @dataclass(frozen=True)
-class _Graph:
+class Facts:
     """What the copy needs to know about the inference graph."""
 
     opset: int
@@ -49,7 +47,7 @@ class _Graph:
         return numpy_helper.to_array(self.tensors[name]) if name in self.tensors else None
 
 
-def _graph_facts(model: ModelProto) -> _Graph:
+def _graph_facts(model: ModelProto) -> Facts:
     opset = {canonical_domain(o.domain): o.version for o in model.opset_import}.get("", 0)
     tensors = {t.name: t for t in model.graph.initializer}
     for n in model.graph.node:
@@ -68,7 +66,7 @@ def _graph_facts(model: ModelProto) -> _Graph:
     elem = {v.name: v.type.tensor_type.elem_type
             for v in [*inferred.input, *inferred.value_info, *inferred.output]}
     elem.update({t.name: t.data_type for t in model.graph.initializer})
-    return _Graph(opset, tensors, elem)
+    return Facts(opset, tensors, elem)
 
 
 def training_forward(model: ModelProto, output: str, step: str, seed: str, plan: Plan,
@@ -92,7 +90,7 @@ def training_forward(model: ModelProto, output: str, step: str, seed: str, plan:
         if changes and node.op_type == "BatchNormalization":
             _batch_norm(node, inputs, outputs, facts, plan, mode)
         elif changes:
-            _dropout(node, index, inputs, outputs, facts, step, seed, plan)
+            Seeded(step, seed, index, plan).replace(node, inputs, outputs, facts)
         else:
             copy = NodeProto()
             copy.CopyFrom(node)
@@ -109,10 +107,12 @@ def _changes_mode(node: NodeProto, mode: TrainMode) -> bool:
         return False
     if node.op_type == "BatchNormalization":
         return not mode.freeze_batch_norm
-    return node.op_type == "Dropout" and mode.dropout
+    if node.op_type == "Dropout":
+        return mode.dropout
+    return node.op_type in RANDOM_OPS
 
 
-def _batch_norm(node: NodeProto, inputs: list[str], outputs: dict[str, str], facts: _Graph,
+def _batch_norm(node: NodeProto, inputs: list[str], outputs: dict[str, str], facts: Facts,
                 plan: Plan, mode: TrainMode) -> None:
     """BatchNormalization with batch statistics; the running statistics are bound as updates."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -141,7 +141,7 @@ def _batch_norm(node: NodeProto, inputs: list[str], outputs: dict[str, str], fac
         plan.bindings.append((key, value))
 
 
-def _unbiased(x: str, var: str, onnx_var: str, momentum: float, facts: _Graph, plan: Plan) -> str:
+def _unbiased(x: str, var: str, onnx_var: str, momentum: float, facts: Facts, plan: Plan) -> str:
     """var * m + (onnx_var - var * m) * n / (n - 1): the population variance ONNX's running_var
     holds, rescaled to the unbiased one PyTorch keeps (n values per channel)."""
     dtype = to_numpy_dtype(facts.elem.get(var, TensorProto.FLOAT))
@@ -155,58 +155,3 @@ def _unbiased(x: str, var: str, onnx_var: str, momentum: float, facts: _Graph, p
     kept = plan.node("Mul", [var, plan.const(momentum, "train.momentum", dtype)], f"{var}.kept")
     added = plan.node("Mul", [plan.node("Sub", [onnx_var, kept], f"{var}.added"), factor], f"{var}.unbiased")
     return plan.node("Add", [kept, added], f"{var}.running")
-
-
-def _ratio(node: NodeProto, inputs: list[str], facts: _Graph) -> float:
-    if node.op_type == "Dropout" and facts.opset >= 12:
-        if len(inputs) < 2 or not inputs[1]:
-            return 0.5
-        ratio = facts.static(inputs[1])
-        if ratio is None:
-            raise TrainingError(f"Dropout '{node.name}': the ratio must be a constant or an "
-                                f"initializer to train with dropout; '{inputs[1]}' is computed")
-        return float(ratio)
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    return float(attrs.get("ratio", 0.5))
-
-
-def _dropout(node: NodeProto, index: int, inputs: list[str], outputs: dict[str, str],
-             facts: _Graph, step: str, seed: str, plan: Plan) -> None:
-    """Y = X * keep / (1 - ratio) with keep = uniform >= ratio, the uniform values hashed from
-    (seed, step, node index, position): the same seed gives the same masks, run after run."""
-    x, ratio = inputs[0], _ratio(node, inputs, facts)
-    elem = facts.elem.get(node.input[0], TensorProto.FLOAT)
-    u64 = TensorProto.UINT64
-    key = plan.node("Add", [
-        plan.node("Mul", [plan.node("Cast", [seed], "train.seed.u64", to=u64),
-                          plan.const(MIX1, "train.mix1", np.uint64)], "train.seed.mixed"),
-        plan.node("Mul", [plan.node("Cast", [step], "train.step.u64", to=u64),
-                          plan.const(MIX2, "train.mix2", np.uint64)], "train.step.mixed")], f"{x}.key")
-    key = plan.node("Add", [key, plan.const((index + 1) * GOLDEN % 2**64, f"{x}.node", np.uint64)], f"{x}.key")
-    shape = plan.node("Shape", [x], f"{x}.shape")
-    count = plan.node("ReduceProd", [shape], f"{x}.count", keepdims=1)
-    position = plan.node("Range", [plan.const(0, "train.zero", np.int64), plan.node(
-        "Squeeze", [count], f"{x}.count0"), plan.const(1, "train.one", np.int64)], f"{x}.position")
-    z = plan.node("Mul", [plan.node("Cast", [position], f"{x}.position.u64", to=u64),
-                          plan.const(GOLDEN, "train.golden", np.uint64)], f"{x}.hash")
-    z = plan.node("Add", [z, key], f"{x}.hash")
-    for shift, mul in ((30, MIX1), (27, MIX2), (31, None)):
-        z = plan.node("Add", [z, plan.node("BitShift", [z, plan.const(shift, f"train.shift{shift}", np.uint64)],
-                                           f"{x}.hash", direction="RIGHT")], f"{x}.hash")
-        if mul is not None:
-            z = plan.node("Mul", [z, plan.const(mul, f"train.mul{shift}", np.uint64)], f"{x}.hash")
-    top = plan.node("BitShift", [z, plan.const(40, "train.shift40", np.uint64)], f"{x}.bits", direction="RIGHT")
-    uniform = plan.node("Mul", [plan.node("Cast", [top], f"{x}.bitsf", to=TensorProto.FLOAT),
-                                plan.const(2.0 ** -24, "train.ulp24", np.float32)], f"{x}.uniform")
-    keep = plan.node("Not", [plan.node("Less", [uniform, plan.const(ratio, f"{x}.ratio", np.float32)],
-                                       f"{x}.drop")], f"{x}.keep")
-    keep = plan.node("Reshape", [keep, shape], f"{x}.keep")
-    scale = plan.node("Cast", [keep], f"{x}.scale", to=elem)
-    scale = plan.node("Mul", [scale, plan.const(1 / (1 - ratio) if ratio < 1 else 0.0, f"{x}.inv_keep",
-                                                to_numpy_dtype(elem))], f"{x}.scale")
-    plan.nodes.append(helper.make_node("Mul", [x, scale], [outputs[node.output[0]]],
-                                       name=plan.names(f"{node.name or 'dropout'}.train")))
-    if len(node.output) > 1 and node.output[1]:
-        mask = helper.make_node("Cast", [keep], [outputs[node.output[1]]], name=plan.names(f"{x}.mask"),
-                                to=TensorProto.BOOL if facts.opset >= 10 else elem)
-        plan.nodes.append(mask)

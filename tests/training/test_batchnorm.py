@@ -189,3 +189,34 @@ def test_dropout_ratio_must_be_constant() -> None:
     model.graph.input.append(onnx.helper.make_tensor_value_info("rate", onnx.TensorProto.FLOAT, []))
     with pytest.raises(TrainingError, match="Dropout 'drop': the ratio must be a constant"):
         make_trainable(model, "cross_entropy", "sgd")
+
+
+def _noise_model(op: str, **attrs: float) -> onnx.ModelProto:
+    """y = x * w + noise, noise from a random op of h = x * w (w = 0: the loss against zero
+    labels is the noise's mean square)."""
+    h = onnx.helper
+    noise = [h.make_node("Sigmoid", ["h"], ["p"]), h.make_node(op, ["p"], ["n"], name="noise")] \
+        if op == "Bernoulli" else [h.make_node(op, ["h"], ["n"], name="noise", **attrs)]
+    graph = h.make_graph([h.make_node("Mul", ["x", "w"], ["h"]), *noise, h.make_node("Add", ["h", "n"], ["y"])],
+                         "noise", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [100, 100])],
+                         [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [100, 100])],
+                         [onnx.numpy_helper.from_array(np.zeros((100, 100), np.float32), "w")])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(("op", "attrs", "mean_square"), [
+    ("RandomNormalLike", {"mean": 0.0, "scale": 2.0}, 4.0),
+    ("RandomUniformLike", {"low": -1.0, "high": 1.0}, 1 / 3),
+    ("Bernoulli", {}, 0.5),
+])
+def test_random_ops_draw_from_the_recipe_seed(op: str, attrs: dict[str, float], mean_square: float) -> None:
+    feeds = {"x": np.ones((100, 100), np.float32), "labels": np.zeros((100, 100), np.float32)}
+    runs = []
+    for seed in (1, 1, 2):
+        sess = TrainingSession(make_trainable(_noise_model(op, **attrs), "mse", Momentum(lr=0.0, alpha=0.0),
+                                              recipe=Recipe(seed=seed)))
+        sess.initialize()
+        runs.append([float(sess.step(feeds, outputs=["loss"])["loss"]) for _ in range(3)])
+    assert runs[0] == runs[1] and runs[0] != runs[2] and len(set(runs[0])) == 3
+    # 10000 draws: the mean square is within 5% of its expectation
+    assert all(abs(v - mean_square) < 0.05 * mean_square for run in runs for v in run), runs
