@@ -4,22 +4,31 @@ strip_training build and remove such a training section from standard ops."""
 from __future__ import annotations
 
 from oxla.training.make import (
+    LOSSES,
     OPTIMIZERS,
     Adagrad,
     Adam,
+    AdamW,
     Momentum,
     Optimizer,
     make_trainable,
     strip_training,
 )
+from oxla.training.modes import TrainMode
+from oxla.training.recipe import Recipe, Schedule
 from oxla.training.session import TrainingSession
 
 __all__ = [
+    "LOSSES",
     "OPTIMIZERS",
     "Adagrad",
     "Adam",
+    "AdamW",
     "Momentum",
     "Optimizer",
+    "Recipe",
+    "Schedule",
+    "TrainMode",
     "TrainingSession",
     "make_trainable",
     "strip_training",

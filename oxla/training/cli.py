@@ -14,6 +14,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from oxla.errors import InputError, TrainingError
+from oxla.training.recipe import LOSSES, SCHEDULES
 
 EPILOG = """\
 The .npz holds x_train and y_train (x and y also work), and optionally x_test and y_test for the
@@ -38,23 +39,86 @@ def add_train_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32, help="samples per step (default 32; "
                    "the last partial batch of an epoch is dropped so every step has one shape)")
     p.add_argument("--lr", type=float, help="learning rate (sets the model's learning-rate initializer)")
-    p.add_argument("--optimizer", choices=["adam", "momentum", "nesterov", "adagrad", "sgd"],
+    p.add_argument("--optimizer", choices=["adam", "adamw", "momentum", "nesterov", "adagrad", "sgd"],
                    help="for a model without training_info (default adam)")
-    p.add_argument("--loss", choices=["cross_entropy", "mse"],
+    p.add_argument("--loss", choices=list(LOSSES),
                    help="for a model without training_info (default: cross_entropy for integer "
                         "labels, else mse)")
+    _add_recipe_options(p)
     p.add_argument("--out", type=Path, help="where to write the trained model, training_info "
                    "kept (default MODEL.trained.onnx)")
     p.add_argument("--export", type=Path, metavar="FILE", help="also write the inference model "
                    "(training_info stripped)")
     p.add_argument("--checkpoint", type=Path, help="per-epoch checkpoint (default OUT.ckpt.onnx)")
+    p.add_argument("--external-data", action="store_true", help="write tensors to a data file beside "
+                   "each model (always done when a model is over protobuf's 2 GiB limit)")
     p.add_argument("--resume", type=Path, metavar="CHECKPOINT", help="continue from a checkpoint")
-    p.add_argument("--seed", type=int, default=0, help="shuffling seed (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="shuffling seed, and the seed of the recipe's "
+                   "random ops (dropout) for a model made trainable here (default 0)")
     p.add_argument("--devices", type=int, help="shard each batch over N local devices")
+    p.add_argument("--coordinator", metavar="HOST:PORT", help="join JAX's distributed runtime: each "
+                   "of --num-processes processes runs this command with its --process-id, and "
+                   "feeds its share of every batch; process 0 writes the files")
+    p.add_argument("--num-processes", type=int, metavar="N", help="processes in the run (with --coordinator)")
+    p.add_argument("--process-id", type=int, metavar="I", help="this process, 0..N-1 (with --coordinator)")
     p.add_argument("--plot", type=Path, metavar="FILE.png", help="draw the loss curve; needs "
                    "matplotlib, which is not an oxla dependency (pip install matplotlib)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
+
+
+def _add_recipe_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("recipe", "for a model without training_info: written into the "
+                             "training graph as standard ops (see docs/training.md)")
+    g.add_argument("--schedule", choices=list(SCHEDULES), help="learning-rate schedule over steps "
+                   "(default constant)")
+    g.add_argument("--warmup", type=int, metavar="STEPS", help="linear warm-up over the first STEPS steps")
+    g.add_argument("--step-size", type=int, metavar="STEPS", help="step schedule: decay every STEPS steps")
+    g.add_argument("--gamma", type=float, help="step schedule: the decay factor (default 0.1)")
+    g.add_argument("--total-steps", type=int, metavar="STEPS", help="cosine schedule: steps to the "
+                   "lowest rate (default: every step of the run)")
+    g.add_argument("--min-lr-ratio", type=float, metavar="R", help="cosine schedule: the lowest rate "
+                   "as a fraction of --lr (default 0)")
+    g.add_argument("--weight-decay", type=float, help="adamw: decoupled weight decay (default 0.01)")
+    g.add_argument("--clip-norm", type=float, metavar="NORM", help="clip gradients to this global L2 norm")
+    g.add_argument("--l2", type=float, help="add L2 / 2 * sum of squared weights to the loss")
+    g.add_argument("--label-smoothing", type=float, metavar="EPS", help="cross_entropy label smoothing")
+    g.add_argument("--huber-delta", type=float, metavar="DELTA", help="huber: where the loss turns "
+                   "linear (default 1)")
+    g.add_argument("--freeze-bn", action="store_true", help="keep BatchNormalization in inference "
+                   "mode (stored statistics, not updated)")
+
+
+RECIPE_FLAGS = ("schedule", "warmup", "step_size", "gamma", "total_steps", "min_lr_ratio", "weight_decay",
+                "clip_norm", "l2", "label_smoothing", "huber_delta", "freeze_bn")
+
+
+def _recipe(args: argparse.Namespace, steps: int) -> Any:
+    """The Recipe the flags ask for; `steps` is the whole run's step count (cosine's default)."""
+    from oxla.training.modes import TrainMode
+    from oxla.training.recipe import Recipe, Schedule
+
+    schedule = Schedule(args.schedule or "constant", warmup=args.warmup or 0,
+                        step_size=args.step_size or 1, gamma=0.1 if args.gamma is None else args.gamma,
+                        total=args.total_steps or max(steps, 1),
+                        floor=args.min_lr_ratio or 0.0)
+    return Recipe(schedule, clip_norm=args.clip_norm, l2=args.l2 or 0.0,
+                  label_smoothing=args.label_smoothing or 0.0,
+                  huber_delta=1.0 if args.huber_delta is None else args.huber_delta, seed=args.seed,
+                  mode=TrainMode(freeze_batch_norm=args.freeze_bn))
+
+
+def _optimizer(args: argparse.Namespace) -> Any:
+    from dataclasses import replace
+
+    from oxla.training.make import AdamW, optimizer_from
+
+    opt = optimizer_from(args.optimizer or "adam", args.lr)
+    if args.weight_decay is not None:
+        if not isinstance(opt, AdamW):
+            raise InputError("--weight-decay applies to --optimizer adamw (use --l2 for the others)")
+        opt = replace(opt, weight_decay=args.weight_decay)
+    return opt
 
 
 @dataclass
@@ -94,16 +158,19 @@ def _set_initializer(model: Any, name: str, value: float) -> None:
 
 def _prepare_model(args: argparse.Namespace, data: _Data) -> Any:
     """The training model: the file itself, or made trainable with the requested recipe."""
-    from oxla.load import load_model
+    from oxla.training.checkpoint import load_saved
     from oxla.training.make import META, make_trainable
 
-    model = load_model(args.resume or args.model)
+    model = load_saved(args.resume or args.model)
+    asked = [f"--{f.replace('_', '-')}" for f in ("optimizer", "loss", *RECIPE_FLAGS)
+             if getattr(args, f) not in (None, False)]
     if not model.training_info:
         loss = args.loss or ("cross_entropy" if data.y.dtype.kind in "iu" else "mse")
-        model = make_trainable(model, loss, args.optimizer or "adam", lr=args.lr)
-    elif args.optimizer or args.loss:
-        raise TrainingError("the model already has a training recipe (training_info); --optimizer "
-                            "and --loss apply to models without one")
+        steps = args.epochs * (len(data.x) // max(args.batch_size, 1))
+        model = make_trainable(model, loss, _optimizer(args), recipe=_recipe(args, steps))
+    elif asked:
+        raise TrainingError(f"the model already has a training recipe (training_info); {', '.join(asked)} "
+                            f"apply to models without one")
     elif args.lr is not None:
         name = {p.key: p.value for p in model.metadata_props}.get(META + "learning_rate")
         if name is None:
@@ -161,16 +228,19 @@ class _Progress:
 
 
 def _epoch(session: Any, data: _Data, feeds: _Feeds, order: np.ndarray, batch: int,
-           progress: _Progress) -> tuple[float, float]:
-    """One pass over `order`; returns (mean loss, samples per second)."""
+           progress: _Progress, part: tuple[int, int] = (0, 1)) -> tuple[float, float]:
+    """One pass over `order`; returns (mean loss, samples per second). `part` (index, count):
+    this process feeds that share of the rows of every batch."""
     steps = len(order) // batch
     loss_name = _loss_name(session)
     losses = []
     start = time.perf_counter()
+    share = batch // part[1]
     for i in range(steps):
-        idx = order[i * batch:(i + 1) * batch]
+        idx = order[i * batch + part[0] * share:i * batch + (part[0] + 1) * share]
         out = session.step_async({feeds.x: data.x[idx], feeds.y: data.y[idx]}, outputs=[loss_name])
-        losses.append(out[loss_name])
+        # across processes only the local copy of the (replicated) loss can be read
+        losses.append(out[loss_name] if part[1] == 1 else session.to_host(out[loss_name]))
         progress.update(i + 1, (i + 1) * batch, losses[-1], final=i == steps - 1)
     mean = float(np.mean([float(v) for v in losses]))
     return mean, steps * batch / max(time.perf_counter() - start, 1e-9)
@@ -219,12 +289,28 @@ def _check_args(args: argparse.Namespace) -> None:
             raise InputError(f"--{option} {path}: folder '{path.resolve().parent}' does not exist")
 
 
+def _join(args: argparse.Namespace) -> tuple[int, int]:
+    """Join the distributed runtime when asked; returns (process index, process count)."""
+    given = [args.coordinator, args.num_processes, args.process_id]
+    if all(v is None for v in given):
+        return 0, 1
+    if any(v is None for v in given):
+        raise InputError("--coordinator, --num-processes and --process-id go together")
+    if args.batch_size % args.num_processes:
+        raise InputError(f"--batch-size {args.batch_size} must divide by --num-processes {args.num_processes}")
+    from oxla.training.parallel import join
+
+    join(args.coordinator, args.num_processes, args.process_id)
+    return args.process_id, args.num_processes
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     """Run `oxla train`; returns the exit status."""
     from oxla.training.session import TrainingSession
 
     _check_args(args)
     data = load_data(args.data)
+    part = _join(args)
     model = _prepare_model(args, data)
     session = TrainingSession(model, devices=args.devices)
     meta = session.metadata
@@ -234,27 +320,46 @@ def cmd_train(args: argparse.Namespace) -> int:
     elif int(meta.get(META_SEED, args.seed)) != args.seed:
         print(f"oxla train: note: the checkpoint was shuffled with seed {meta[META_SEED]}, "
               f"continuing with --seed {args.seed}", file=sys.stderr)
-    out = args.out or Path(args.model).with_suffix(".trained.onnx")
-    checkpoint = args.checkpoint or out.with_suffix(".ckpt.onnx")
-    feeds = _feed_names(session)
     if len(data.x) < args.batch_size:
         raise InputError(f"--batch-size {args.batch_size} is larger than the data ({len(data.x)} samples)")
+    losses = _train_epochs(session, args, data, first, part)
+    if part[0] == 0:  # one writer: every process holds the same state
+        _write_results(session, args, losses)
+    return 0
+
+
+def _outputs(args: argparse.Namespace) -> tuple[Path, Path, bool | None]:
+    out = args.out or Path(args.model).with_suffix(".trained.onnx")
+    external = True if args.external_data else None  # None: only when over the limit
+    return out, args.checkpoint or out.with_suffix(".ckpt.onnx"), external
+
+
+def _train_epochs(session: Any, args: argparse.Namespace, data: _Data, first: int,
+                  part: tuple[int, int]) -> list[float]:
+    feeds = _feed_names(session)
+    _, checkpoint, external = _outputs(args)
     losses = []
     for epoch in range(first, args.epochs):
         order = np.random.default_rng([args.seed, epoch]).permutation(len(data.x))
         progress = _Progress(len(order) // args.batch_size, f"epoch {epoch + 1}/{args.epochs}",
-                             quiet=args.quiet)
-        loss, rate = _epoch(session, data, feeds, order, args.batch_size, progress)
+                             quiet=args.quiet or part[0] != 0)
+        loss, rate = _epoch(session, data, feeds, order, args.batch_size, progress, part)
         losses.append(loss)
         print(f"epoch {epoch + 1}/{args.epochs}: mean loss {loss:.4f}, "
               f"{_evaluate(session, data, feeds)}, {rate:,.0f} samples/s", flush=True)
-        session.save(checkpoint, {META_EPOCH: str(epoch + 1), META_SEED: str(args.seed)})
-    session.save(out, {META_EPOCH: str(args.epochs), META_SEED: str(args.seed)})
+        if part[0] == 0:
+            session.save(checkpoint, {META_EPOCH: str(epoch + 1), META_SEED: str(args.seed)},
+                         external_data=external)
+    return losses
+
+
+def _write_results(session: Any, args: argparse.Namespace, losses: list[float]) -> None:
+    out, checkpoint, external = _outputs(args)
+    session.save(out, {META_EPOCH: str(args.epochs), META_SEED: str(args.seed)}, external_data=external)
     print(f"wrote {out} (checkpoints: {checkpoint})")
     if args.export:
-        session.export_inference(args.export)
+        session.export_inference(args.export, external_data=external)
         print(f"wrote {args.export} (inference model)")
     if args.plot:
         _plot(args.plot, losses)
         print(f"wrote {args.plot}")
-    return 0

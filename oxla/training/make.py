@@ -12,7 +12,6 @@ import numpy as np
 from onnx import (
     GraphProto,
     ModelProto,
-    NodeProto,
     TensorProto,
     ValueInfoProto,
     helper,
@@ -23,10 +22,20 @@ from oxla.dtypes import is_float, to_numpy_dtype
 from oxla.errors import TrainingError
 from oxla.load import ModelSource, load_model
 from oxla.lowering.registry import canonical_domain
+from oxla.training.build import Names, Plan, value_info
+from oxla.training.modes import training_forward
+from oxla.training.recipe import (
+    LOSSES,
+    Recipe,
+    check_recipe,
+    clip_nodes,
+    l2_nodes,
+    loss_nodes,
+    schedule_nodes,
+)
 
 TRAINING_DOMAIN = "ai.onnx.preview.training"
 META = "oxla.training."
-LOSSES = ("cross_entropy", "mse")
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,18 @@ class Adam:
     epsilon: float = 1e-6
     norm_coefficient: float = 0.0
     norm_coefficient_post: float = 0.0
+
+
+@dataclass(frozen=True)
+class AdamW:
+    """Adam with decoupled weight decay (Loshchilov and Hutter, PyTorch's AdamW): each weight
+    is first scaled by 1 - lr * weight_decay, then the Adam op updates it."""
+
+    lr: float = 1e-3
+    alpha: float = 0.9
+    beta: float = 0.999
+    epsilon: float = 1e-6
+    weight_decay: float = 0.01
 
 
 @dataclass(frozen=True)
@@ -60,9 +81,9 @@ class Adagrad:
     norm_coefficient: float = 0.0
 
 
-Optimizer = Adam | Momentum | Adagrad
+Optimizer = Adam | AdamW | Momentum | Adagrad
 OPTIMIZERS: dict[str, Optimizer] = {
-    "adam": Adam(), "momentum": Momentum(), "nesterov": Momentum(nesterov=True),
+    "adam": Adam(), "adamw": AdamW(), "momentum": Momentum(), "nesterov": Momentum(nesterov=True),
     "adagrad": Adagrad(), "sgd": Momentum(alpha=0.0),
 }
 
@@ -78,37 +99,12 @@ def optimizer_from(spec: str | Optimizer, lr: float | None = None) -> Optimizer:
 
 def _op_and_states(opt: Optimizer) -> tuple[str, tuple[str, ...], dict[str, Any]]:
     """(op type, optimizer state kinds per tensor, node attributes)."""
-    attrs = {k: v for k, v in asdict(opt).items() if k not in ("lr", "nesterov")}
-    if isinstance(opt, Adam):
+    attrs = {k: v for k, v in asdict(opt).items() if k not in ("lr", "nesterov", "weight_decay")}
+    if isinstance(opt, Adam | AdamW):
         return "Adam", ("v", "h"), attrs
     if isinstance(opt, Momentum):
         return "Momentum", ("v",), {**attrs, "mode": "nesterov" if opt.nesterov else "standard"}
     return "Adagrad", ("h",), attrs
-
-
-class _Names:
-    """Fresh names that collide with nothing in the model."""
-
-    def __init__(self, graph: GraphProto) -> None:
-        self.used = {v.name for v in [*graph.input, *graph.output, *graph.value_info]}
-        self.used |= {t.name for t in graph.initializer} | {n for node in graph.node for n in node.output}
-
-    def __call__(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.used:
-            k += 1
-            name = f"{base}.{k}"
-        self.used.add(name)
-        return name
-
-
-def _value_info(name: str, elem: int, dims: Sequence[int | str | None]) -> ValueInfoProto:
-    return helper.make_tensor_value_info(name, elem, list(dims))
-
-
-def _dims(info: ValueInfoProto) -> list[int | str | None]:
-    shape = info.type.tensor_type.shape
-    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in shape.dim]
 
 
 def default_trainable(model: ModelProto) -> list[str]:
@@ -119,79 +115,51 @@ def default_trainable(model: ModelProto) -> list[str]:
             if is_float(to_numpy_dtype(t.data_type)) and t.name not in stats]
 
 
-@dataclass
-class _Plan:
-    """What the algorithm graph is made of, accumulated while building it."""
-
-    nodes: list[NodeProto]
-    inits: list[TensorProto]
-    inputs: list[ValueInfoProto]
-    outputs: list[ValueInfoProto]
-    bindings: list[tuple[str, str]]
-
-
-def _loss_nodes(loss: str, out: ValueInfoProto, labels: str, names: _Names, plan: _Plan) -> str:
-    elem = out.type.tensor_type.elem_type
-    if not out.type.tensor_type.HasField("shape"):
-        raise TrainingError(f"output '{out.name}' has no declared shape; the labels input needs one")
-    dims = _dims(out)
-    loss_name = names("loss")
-    if loss == "cross_entropy":
-        if len(dims) < 2:
-            raise TrainingError(f"cross_entropy needs scores of shape (N, C, ...), output "
-                                f"'{out.name}' has rank {len(dims)}")
-        plan.inputs.append(_value_info(labels, TensorProto.INT64, [dims[0], *dims[2:]]))
-        plan.nodes.append(helper.make_node("SoftmaxCrossEntropyLoss", [out.name, labels],
-                                           [loss_name], reduction="mean", name=loss_name))
-    else:  # mean squared error from primitive ops: there is no MSE op in ONNX
-        plan.inputs.append(_value_info(labels, elem, dims))
-        diff, square = names("loss.diff"), names("loss.square")
-        plan.nodes += [helper.make_node("Sub", [out.name, labels], [diff], name=diff),
-                       helper.make_node("Mul", [diff, diff], [square], name=square),
-                       helper.make_node("ReduceMean", [square], [loss_name], keepdims=0, name=loss_name)]
-    plan.outputs.append(_value_info(loss_name, elem, []))
-    return loss_name
-
-
-def _optimizer_nodes(opt: Optimizer, weights: Sequence[TensorProto], grads: Sequence[str],
-                     names: _Names, plan: _Plan) -> tuple[str, str, list[tuple[str, TensorProto]]]:
-    """The optimizer node and step counter; returns (lr name, counter name, [(state name, zeros)])."""
+def _optimizer_nodes(opt: Optimizer, weights: Sequence[TensorProto], grads: Sequence[str], step: str,
+                     recipe: Recipe, plan: Plan) -> tuple[str, str, list[tuple[str, TensorProto]]]:
+    """The learning rate (scheduled), the optimizer node and step + 1; returns (base lr name,
+    this step's lr name, [(state name, zeros)])."""
     op, kinds, attrs = _op_and_states(opt)
     wide = TensorProto.DOUBLE if all(w.data_type == TensorProto.DOUBLE for w in weights) else TensorProto.FLOAT
-    lr, step, one = names("train.lr"), names("train.step"), names("train.one")
-    plan.inits += [numpy_helper.from_array(np.array(opt.lr, to_numpy_dtype(wide)), lr),
-                   numpy_helper.from_array(np.array(first_step(opt), np.int64), step),
-                   numpy_helper.from_array(np.array(1, np.int64), one)]
+    lr = plan.const(opt.lr, "train.lr", to_numpy_dtype(wide))
+    plan.inits.append(numpy_helper.from_array(np.array(first_step(opt), np.int64), step))
+    rate = schedule_nodes(recipe.schedule, lr, step, first_step(opt), to_numpy_dtype(wide), plan)
+    if rate != lr:
+        plan.outputs.append(value_info(rate, wide, []))
     states: list[tuple[str, TensorProto]] = []
     for kind in kinds:
         for w in weights:
-            zeros = np.zeros(tuple(w.dims), to_numpy_dtype(w.data_type))
-            states.append((names(f"{w.name}.{kind}"), numpy_helper.from_array(zeros, "")))
-    for name, zeros in states:
-        zeros.name = name
-        plan.inits.append(zeros)
+            zeros = numpy_helper.from_array(np.zeros(tuple(w.dims), to_numpy_dtype(w.data_type)), "")
+            zeros.name = plan.names(f"{w.name}.{kind}")
+            states.append((zeros.name, zeros))
+            plan.inits.append(zeros)
+    current = [w.name for w in weights]
+    if isinstance(opt, AdamW):  # decoupled decay: w * (1 - lr * weight_decay), then Adam
+        keep = plan.node("Sub", [plan.const(1.0, "train.onew", to_numpy_dtype(wide)), plan.node(
+            "Mul", [rate, plan.const(opt.weight_decay, "train.weight_decay", to_numpy_dtype(wide))],
+            "train.decay")], "train.keep")
+        current = [plan.node("Mul", [w.name, plan.node("Cast", [keep], f"{w.name}.keep", to=w.data_type)],
+                             f"{w.name}.decayed") for w in weights]
     targets = [w.name for w in weights] + [s for s, _ in states]
-    new = [names(f"{t}.new") for t in targets]
-    plan.nodes.append(helper.make_node(op, [lr, step, *[w.name for w in weights], *grads,
-                                            *[s for s, _ in states]], new, domain=TRAINING_DOMAIN,
-                                       name=names("train.optimizer"), **attrs))
-    step_new = names("train.step.new")
-    plan.nodes.append(helper.make_node("Add", [step, one], [step_new], name=step_new))
+    new = [plan.names(f"{t}.new") for t in targets]
+    plan.nodes.append(helper.make_node(op, [rate, step, *current, *grads, *[s for s, _ in states]], new,
+                                       domain=TRAINING_DOMAIN, name=plan.names("train.optimizer"), **attrs))
+    step_new = plan.node("Add", [step, plan.const(1, "train.one", np.int64)], "train.step.new")
     typed = [*weights, *[z for _, z in states]]
-    plan.outputs += [_value_info(n, t.data_type, list(t.dims)) for n, t in zip(new, typed)]
-    plan.outputs.append(_value_info(step_new, TensorProto.INT64, []))
+    plan.outputs += [value_info(n, t.data_type, list(t.dims)) for n, t in zip(new, typed)]
+    plan.outputs.append(value_info(step_new, TensorProto.INT64, []))
     plan.bindings += [*zip(targets, new), (step, step_new)]
-    return lr, step, states
+    return lr, rate, states
 
 
 def first_step(opt: Optimizer) -> int:
     """The step counter's first value: Momentum's T must be 0 on the first step (beta is then
     1); Adam counts from 1 so its bias correction is Kingma and Ba's (T = 0 would skip it)."""
-    return 1 if isinstance(opt, Adam) else 0
+    return 1 if isinstance(opt, Adam | AdamW) else 0
 
 
 def _initialization(step: str, start: int, states: Sequence[tuple[str, TensorProto]],
-                    names: _Names) -> tuple[GraphProto, list[tuple[str, str]]]:
+                    names: Names) -> tuple[GraphProto, list[tuple[str, str]]]:
     """A graph that resets the optimizer state and the step counter (weights are kept)."""
     nodes, inits, outputs, bindings = [], [], [], []
     for state, zeros in states:
@@ -199,12 +167,12 @@ def _initialization(step: str, start: int, states: Sequence[tuple[str, TensorPro
         inits.append(numpy_helper.from_array(np.array(zeros.dims, np.int64), shape))
         value = numpy_helper.from_array(np.zeros((1,), to_numpy_dtype(zeros.data_type)), "value")
         nodes.append(helper.make_node("ConstantOfShape", [shape], [out], value=value, name=out))
-        outputs.append(_value_info(out, zeros.data_type, list(zeros.dims)))
+        outputs.append(value_info(out, zeros.data_type, list(zeros.dims)))
         bindings.append((state, out))
     step_init = names("train.step.init")
     nodes.append(helper.make_node("Constant", [], [step_init], name=step_init,
                                   value=numpy_helper.from_array(np.array(start, np.int64), "value")))
-    outputs.append(_value_info(step_init, TensorProto.INT64, []))
+    outputs.append(value_info(step_init, TensorProto.INT64, []))
     bindings.append((step, step_init))
     return helper.make_graph(nodes, "initialization", [], outputs, inits), bindings
 
@@ -230,54 +198,78 @@ def _check_request(model: ModelProto, loss: str, output: str, trainable: Sequenc
 
 def make_trainable(model: ModelSource, loss: str = "cross_entropy", optimizer: str | Optimizer = "adam",
                    *, lr: float | None = None, trainable: Iterable[str] | None = None,
-                   output: str | None = None, labels: str = "labels") -> ModelProto:
+                   output: str | None = None, labels: str = "labels",
+                   recipe: Recipe | None = None) -> ModelProto:
     """A copy of `model` with a training_info built from standard ops only.
 
-    The algorithm graph computes `loss` ("cross_entropy": SoftmaxCrossEntropyLoss over integer
-    class labels; "mse": mean squared error from Sub, Mul, ReduceMean) of `output` against a new
-    input `labels`, differentiates it with Gradient, and updates the weights with the optimizer
-    op. The learning rate, the optimizer state and the step counter are initializers of the
-    algorithm graph; the other hyper-parameters are the optimizer node's attributes. The
+    The algorithm graph runs the forward pass in training mode (BatchNormalization on batch
+    statistics, its running statistics updated; Dropout dropping, its masks drawn from the
+    recipe's seed, the node and the step counter), computes `loss` of `output` against a new
+    input `labels` (plus the L2 penalty), differentiates it with Gradient, clips the gradients,
+    and updates the weights with the optimizer op at the scheduled learning rate. The base
+    learning rate, the seed, the optimizer state and the step counter are initializers of the
+    algorithm graph; the other hyper-parameters are node attributes or constants. The
     initialization graph resets the optimizer state and the step counter. metadata_props
     summarise the recipe under the `oxla.training.` prefix.
 
     Args:
         model: the inference model (path, bytes or ModelProto).
-        loss: "cross_entropy" or "mse".
-        optimizer: "adam", "momentum", "nesterov", "adagrad", "sgd", or an Adam/Momentum/Adagrad.
-        lr: the learning rate (overrides the optimizer's).
+        loss: one of LOSSES: "cross_entropy" (integer class labels), "mse", "l1", "huber",
+            "bce_with_logits".
+        optimizer: a name in OPTIMIZERS, or an Adam/AdamW/Momentum/Adagrad.
+        lr: the base learning rate (overrides the optimizer's).
         trainable: initializer names to train; default every float initializer except
             BatchNormalization statistics.
         output: the graph output the loss applies to (default the first).
         labels: the name of the new labels input.
+        recipe: schedule, clipping, L2, label smoothing, seed, training modes (Recipe()).
 
     Returns:
         The training model (the inference graph unchanged).
 
     Raises:
-        TrainingError: an unknown loss or optimizer, a bad output or trainable name.
+        TrainingError: an unknown loss or optimizer, a bad output or trainable name, a recipe
+            value out of range.
     """
     proto = load_model(model)
     opt = optimizer_from(optimizer, lr)
+    recipe = recipe or Recipe()
     weights = list(trainable) if trainable is not None else default_trainable(proto)
     out_info = _check_request(proto, loss, output or proto.graph.output[0].name, weights)
-    names = _Names(proto.graph)
-    labels = names(labels)
-    plan = _Plan([], [], [], [], [])
-    loss_name = _loss_nodes(loss, out_info, labels, names, plan)
+    check_recipe(recipe, loss)
+    plan = Plan(Names(proto.graph))
+    labels, step = plan.names(labels), plan.names("train.step")
+    seed = plan.const(recipe.seed, "train.seed", np.int64)
+    value = training_forward(proto, out_info.name, step, seed, plan, recipe.mode)
+    loss_name = loss_nodes(loss, out_info, value, labels, recipe, plan)
     inits = {t.name: t for t in proto.graph.initializer}
+    if recipe.l2:
+        loss_name = _with_l2(loss_name, weights, recipe.l2, out_info, plan)
     data = [i.name for i in proto.graph.input if i.name not in inits]
-    grads = [names(f"{w}.grad") for w in weights]
+    grads = [plan.names(f"{w}.grad") for w in weights]
     plan.nodes.append(helper.make_node("Gradient", [*weights, *data, labels], grads, xs=weights,
                                        zs=[*data, labels], y=loss_name, domain=TRAINING_DOMAIN,
-                                       name=names("train.gradient")))
-    lr_name, step, states = _optimizer_nodes(opt, [inits[w] for w in weights], grads, names, plan)
-    algorithm = helper.make_graph(plan.nodes, "algorithm", plan.inputs, plan.outputs, plan.inits)
-    init_graph, init_bindings = _initialization(step, first_step(opt), states, names)
+                                       name=plan.names("train.gradient")))
+    # Gradient has no type inference: declare dW's type for the nodes that read it
+    plan.value_infos += [value_info(g, inits[w].data_type, list(inits[w].dims)) for g, w in zip(grads, weights)]
+    if recipe.clip_norm is not None:
+        grads = clip_nodes(grads, [inits[w].data_type for w in weights], recipe.clip_norm, plan)
+    lr_name, rate, states = _optimizer_nodes(opt, [inits[w] for w in weights], grads, step, recipe, plan)
+    algorithm = helper.make_graph(plan.nodes, "algorithm", plan.inputs, plan.outputs, plan.inits,
+                                  value_info=plan.value_infos)
+    init_graph, init_bindings = _initialization(step, first_step(opt), states, plan.names)
     proto.training_info.append(helper.make_training_info(algorithm, plan.bindings, init_graph, init_bindings))
     _imports(proto)
-    _summarise(proto, opt, loss, out_info.name, labels, lr_name, step, len(weights))
+    _summarise(proto, opt, loss, out_info.name, labels, (lr_name, rate), step, len(weights), recipe, seed)
     return proto
+
+
+def _with_l2(loss: str, weights: Sequence[str], l2: float, out: ValueInfoProto, plan: Plan) -> str:
+    """The L2 penalty joins the loss output: the loss the step reports includes it."""
+    total = l2_nodes(loss, weights, l2, to_numpy_dtype(out.type.tensor_type.elem_type), plan)
+    plan.outputs[[o.name for o in plan.outputs].index(loss)] = value_info(
+        total, out.type.tensor_type.elem_type, [])
+    return total
 
 
 def _imports(model: ModelProto) -> None:
@@ -287,13 +279,25 @@ def _imports(model: ModelProto) -> None:
 
 
 def _summarise(model: ModelProto, opt: Optimizer, loss: str, output: str, labels: str,
-               lr: str, step: str, count: int) -> None:
+               lr: tuple[str, str], step: str, count: int, recipe: Recipe, seed: str) -> None:
     op, _, attrs = _op_and_states(opt)
-    props = {"optimizer": op if op != "Momentum" else attrs["mode"] + " momentum", "loss": loss,
-             "output": output, "labels": labels, "learning_rate": lr, "step_counter": step,
-             "hyperparameters": json.dumps({"lr": opt.lr, **attrs}), "trainable": str(count)}
+    name = {"Momentum": f"{attrs.get('mode')} momentum", "Adam": "AdamW" if isinstance(opt, AdamW) else "Adam"}
+    extra = {"weight_decay": opt.weight_decay} if isinstance(opt, AdamW) else {}
+    props = {"optimizer": name.get(op, op), "loss": loss,
+             "output": output, "labels": labels, "learning_rate": lr[0], "step_counter": step,
+             "hyperparameters": json.dumps({"lr": opt.lr, **attrs, **extra}), "trainable": str(count),
+             "recipe": json.dumps(_recipe_summary(recipe)), "random_seed": str(recipe.seed),
+             "seed_initializer": seed}
+    if lr[1] != lr[0]:  # an algorithm output: the scheduled rate of each step
+        props["scheduled_learning_rate"] = lr[1]
     for key, value in props.items():
         model.metadata_props.add(key=META + key, value=value)
+
+
+def _recipe_summary(recipe: Recipe) -> dict[str, Any]:
+    out = asdict(recipe)
+    out.pop("seed")
+    return out
 
 
 def strip_training(model: ModelSource) -> ModelProto:
@@ -324,5 +328,5 @@ def labels_type(model: ModelProto) -> np.dtype | None:
     return None
 
 
-__all__ = ["LOSSES", "OPTIMIZERS", "Adagrad", "Adam", "Momentum", "Optimizer", "default_trainable",
+__all__ = ["LOSSES", "OPTIMIZERS", "Adagrad", "Adam", "AdamW", "Momentum", "Optimizer", "default_trainable",
            "labels_type", "make_trainable", "optimizer_from", "strip_training"]

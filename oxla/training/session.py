@@ -16,9 +16,9 @@ from oxla.dtypes import to_numpy_dtype, type_name
 from oxla.errors import InputError, NotStaticError, TrainingError
 from oxla.executor import x64
 from oxla.graph import initializer_values
-from oxla.load import ModelSource, load_model
+from oxla.load import ModelSource
 from oxla.training.bindings import Binding, Stage, combined_model, parse_training, standalone_model
-from oxla.training.checkpoint import save_model
+from oxla.training.checkpoint import load_saved, save_model
 from oxla.training.make import strip_training
 from oxla.training.parallel import Placement, placement
 
@@ -65,7 +65,8 @@ class _Step:
                 raise TrainingError(f"{b.describe()}: '{b.value}' is {_kind(value)} but "
                                     f"'{b.key}' is {_kind(state[b.key])}")
             new[b.key] = self.where.constrain(value)
-        return {n: outs[n] for n in wanted}, new
+        # replicated, so that every process can read the outputs (a no-op on one device)
+        return {n: self.where.constrain(outs[n]) for n in wanted}, new
 
 
 def _check_feeds(feeds: Mapping[str, Any], declared: Mapping[str, Any], what: str) -> dict[str, np.ndarray]:
@@ -98,7 +99,7 @@ class TrainingSession:
     """
 
     def __init__(self, path_or_bytes: ModelSource, *, devices: int | None = None) -> None:
-        self._model = load_model(path_or_bytes)
+        self._model = load_saved(path_or_bytes)
         self._stages = parse_training(self._model)
         if not self._stages:
             raise TrainingError("the model has no training_info; make one with "
@@ -155,7 +156,7 @@ class TrainingSession:
     def state(self) -> dict[str, np.ndarray]:
         """Every initializer (inference and algorithm graphs) with its current value."""
         out = dict(self._initial)
-        out.update({n: np.asarray(v) for n, v in self._state.items()})
+        out.update({n: self._where.to_host(v) for n, v in self._state.items()})
         return out
 
     # --- training -----------------------------------------------------------------------------
@@ -196,7 +197,7 @@ class TrainingSession:
                 type or shape.
         """
         result = self.step_async(feeds, algorithm, outputs)
-        return {n: np.asarray(v) for n, v in result.items()}
+        return {n: self._where.to_host(v) for n, v in result.items()}
 
     def step_async(self, feeds: Mapping[str, Any], algorithm: int = 0,
                    outputs: Sequence[str] | None = None) -> dict[str, jax.Array]:
@@ -214,6 +215,10 @@ class TrainingSession:
             self._state.update(new)
             self._version += 1
         return result
+
+    def to_host(self, value: Any) -> np.ndarray:
+        """A step_async output as numpy (across processes: this process's replicated copy)."""
+        return self._where.to_host(value)
 
     def _stage(self, algorithm: int) -> Stage:
         if not 0 <= algorithm < len(self._stages):
@@ -247,7 +252,7 @@ class TrainingSession:
             if any(n in compiled.constants for n in self._state) and self._version:
                 compiled = self._baked_model()  # a rule needs trained state as a constant
             elif self._inference_version != self._version:
-                compiled.set_parameters({n: np.asarray(v) for n, v in self._state.items()
+                compiled.set_parameters({n: self._where.to_host(v) for n, v in self._state.items()
                                          if n in compiled.params})
                 self._inference_version = self._version
         results = compiled(checked)
@@ -264,7 +269,7 @@ class TrainingSession:
         """The model with the current state as its initializers, training_info kept."""
         out = ModelProto()
         out.CopyFrom(self._model)
-        state = {n: np.asarray(v) for n, v in self._state.items()}
+        state = {n: self._where.to_host(v) for n, v in self._state.items()}
         _write_state(out.graph, state)
         for info in out.training_info:
             _write_state(info.algorithm, state)
@@ -275,13 +280,22 @@ class TrainingSession:
                 out.metadata_props.add(key=key, value=value)
         return out
 
-    def save(self, path: str | os.PathLike[str], metadata: Mapping[str, str] | None = None) -> None:
-        """Write the model with its current state and training_info, atomically (temp, fsync, rename)."""
-        save_model(self.model(metadata), path)
+    def save(self, path: str | os.PathLike[str], metadata: Mapping[str, str] | None = None, *,
+             external_data: bool | None = None) -> None:
+        """Write the model with its current state and training_info, atomically (temp, fsync, rename).
 
-    def export_inference(self, path: str | os.PathLike[str]) -> None:
-        """Write the inference model (training_info stripped) with the current state, atomically."""
-        save_model(strip_training(self.model()), path)
+        Args:
+            path: the .onnx file.
+            metadata: metadata_props to add or replace.
+            external_data: tensors in a data file beside the model: True always, False never,
+                None when they are over protobuf's 2 GiB limit (see checkpoint.save_model).
+        """
+        save_model(self.model(metadata), path, external_data=external_data)
+
+    def export_inference(self, path: str | os.PathLike[str], *, external_data: bool | None = None) -> None:
+        """Write the inference model (training_info stripped) with the current state, atomically;
+        `external_data` as in save."""
+        save_model(strip_training(self.model()), path, external_data=external_data)
 
 
 def _write_state(graph: GraphProto, state: Mapping[str, np.ndarray]) -> None:

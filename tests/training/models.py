@@ -88,3 +88,28 @@ def batches(shape: tuple[int, ...], classes: int, steps: int, seed: int = 1,
         x = rng.standard_normal(shape).astype(dtype)
         out.append((x, (x.reshape(shape[0], -1) @ teacher).argmax(1).astype(np.int64)))
     return out
+
+
+def cnn_bn(weights: dict[str, np.ndarray], momentum: float = 0.8, opset: int = OPSET,
+           dropout: float | None = None) -> onnx.ModelProto:
+    """x[N, 1, 8, 8] -> Conv -> BatchNorm -> Relu -> Conv stride 2 -> BatchNorm -> Relu -> [Dropout]
+    -> Flatten -> Gemm: tests/training/torch_bn_reference.py's network."""
+    def bn(i: int, x: str, y: str) -> onnx.NodeProto:
+        return helper.make_node("BatchNormalization", [x, f"bn{i}.scale", f"bn{i}.bias", f"bn{i}.mean",
+                                                       f"bn{i}.var"], [y], momentum=momentum, name=f"bn{i}")
+    nodes = [
+        helper.make_node("Conv", ["x", "conv1.w"], ["c1"], pads=[1, 1, 1, 1]),
+        bn(1, "c1", "n1"), helper.make_node("Relu", ["n1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "conv2.w"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        bn(2, "c2", "n2"), helper.make_node("Relu", ["n2"], ["r2"]),
+    ]
+    if dropout is not None:
+        ratio = numpy_helper.from_array(np.array(dropout, np.float32), "ratio")
+        nodes += [helper.make_node("Constant", [], ["ratio"], value=ratio),
+                  helper.make_node("Dropout", ["r2", "ratio"], ["d2"], name="drop")]
+    nodes += [helper.make_node("Flatten", ["d2" if dropout is not None else "r2"], ["f"]),
+              helper.make_node("Gemm", ["f", "fc.w", "fc.b"], ["logits"])]
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 1, 8, 8])
+    model = _model("cnn_bn", nodes, x, ["N", weights["fc.b"].shape[0]], weights)
+    model.opset_import[0].version = opset
+    return model

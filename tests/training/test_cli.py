@@ -121,3 +121,60 @@ def test_train_refuses_bad_requests(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "cannot read data file" in capsys.readouterr().err
     assert main(["train", str(model), "--data", str(data), "--out", str(tmp_path / "no" / "x.onnx")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+RECIPE_FLAGS = ["--optimizer", "adamw", "--lr", "0.02", "--weight-decay", "0.05", "--schedule", "cosine",
+                "--warmup", "2", "--min-lr-ratio", "0.1", "--clip-norm", "1.0", "--l2", "1e-4",
+                "--label-smoothing", "0.1", "--seed", "5"]
+
+
+def test_recipe_flags_write_the_recipe_the_python_api_writes(tmp_path: Path) -> None:
+    from oxla.training import AdamW, Recipe, Schedule, TrainingSession, make_trainable
+
+    model, data = _setup(tmp_path)
+    out = tmp_path / "t.onnx"
+    assert main(["train", str(model), "--data", str(data), "--epochs", "1", "--batch-size", "32",
+                 *RECIPE_FLAGS, "--out", str(out), "--quiet"]) == 0
+    meta = {p.key: p.value for p in onnx.load(out).metadata_props}
+    assert meta["oxla.training.optimizer"] == "AdamW" and meta["oxla.training.random_seed"] == "5"
+    recipe = Recipe(Schedule("cosine", warmup=2, total=8, floor=0.1), clip_norm=1.0, l2=1e-4,
+                    label_smoothing=0.1, seed=5)
+    sess = TrainingSession(make_trainable(onnx.load(model), "cross_entropy",
+                                          AdamW(lr=0.02, weight_decay=0.05), recipe=recipe))
+    sess.initialize()
+    arrays = np.load(data)
+    order = np.random.default_rng([5, 0]).permutation(256)  # oxla train's shuffling, epoch 0
+    for i in range(8):
+        idx = order[i * 32:(i + 1) * 32]
+        sess.step({"x": arrays["x_train"][idx], "labels": arrays["y_train"][idx]}, outputs=["loss.total"])
+    got = _weights(out)
+    for name in ("w0", "b0", "w1", "b1"):
+        np.testing.assert_allclose(got[name], sess.state[name], rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_recipe_flags_are_refused_where_they_cannot_apply(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    model, data = _setup(tmp_path)
+    assert main(["train", str(model), "--data", str(data), "--weight-decay", "0.1"]) == 2
+    assert "--weight-decay applies to --optimizer adamw" in capsys.readouterr().err
+    trainable = tmp_path / "trainable.onnx"
+    assert main(["train", str(model), "--data", str(data), "--epochs", "0", "--out", str(trainable)]) == 0
+    assert main(["train", str(trainable), "--data", str(data), "--clip-norm", "1", "--freeze-bn"]) == 2
+    assert "--clip-norm, --freeze-bn apply to models without one" in capsys.readouterr().err
+
+
+def test_external_data_checkpoints_resume(tmp_path: Path) -> None:
+    model, data = _setup(tmp_path)
+    ckpt, out = tmp_path / "c.onnx", tmp_path / "o.onnx"
+    common = ["--data", str(data), "--batch-size", "32", "--quiet"]
+    external = [*common, "--checkpoint", str(ckpt), "--external-data", "--out", str(out)]
+    assert main(["train", str(model), *external, "--epochs", "1"]) == 0
+    names = sorted(p.name.split(".")[0] for p in tmp_path.iterdir() if p.name.endswith(".data"))
+    assert names == ["c", "o"]  # one data file beside each model
+    assert main(["train", str(model), *external, "--epochs", "2", "--resume", str(ckpt)]) == 0
+    assert len([p for p in tmp_path.iterdir() if p.name.endswith(".data")]) == 2  # old ones removed
+    straight = tmp_path / "s.onnx"
+    assert main(["train", str(model), *common, "--epochs", "2", "--out", str(straight)]) == 0
+    got = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(str(out)).graph.initializer}
+    for name, value in _weights(straight).items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
