@@ -16,8 +16,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.experimental import io_callback
 from onnx import GraphProto
 
+from oxla.errors import OxlaError
 from oxla.graph import graph_free_names
 from oxla.lowering.context import NeedStatic
 from oxla.lowering.registry import rule
@@ -83,11 +85,61 @@ def if_(cx, cond, *, else_branch=None, then_branch=None):
         return tuple(cx.run_graph(then_branch if _truth(cx, cond, "cond") else else_branch, []))
     then_fn = partial(cx.run_graph, then_branch, [])
     else_fn = partial(cx.run_graph, else_branch, [])
-    if _avals(jax.eval_shape(then_fn)) != _avals(jax.eval_shape(else_fn)):
-        # lax.cond needs both branches to give the same types: choose the branch on the host.
+    then_out, then_error = _branch_types(cx, cond, then_fn, "then")
+    else_out, else_error = _branch_types(cx, cond, else_fn, "else")
+    if then_error is not None and else_error is not None:
+        cx.static(cond, "cond (neither branch can run on these inputs)")
+    if then_error is not None:
+        then_fn = _failing_branch(cx, else_out, then_error, "then")
+    elif else_error is not None:
+        else_fn = _failing_branch(cx, then_out, else_error, "else")
+    elif _avals(then_out) != _avals(else_out):
+        # lax.cond needs both branches to give the same types: choose the branch on the host,
+        # never broadcast or stack values of different shapes.
         cx.static(cond, "cond (the If branches give different shapes or types)")
     pred = jnp.reshape(cond, ()).astype(bool)
     return tuple(lax.cond(pred, then_fn, else_fn))
+
+
+def _branch_types(cx, cond: Value, branch: Callable[[], list[Value]],
+                  which: str) -> tuple[Any, OxlaError | None]:
+    """The output types of one branch traced on the node's inputs, or the error tracing it gave.
+
+    A branch may only make sense for other inputs: a voice model handles 8 and 16 kHz audio in
+    two branches, each shaping the samples for its own rate, so one of them fails to trace.
+    """
+    try:
+        return jax.eval_shape(branch), None
+    except OxlaError as e:
+        if _wants_values(e):  # the branch itself is fine once its values are concrete
+            cx.static(cond, f"cond (the {which} branch needs concrete values: {e})")
+        return None, e
+
+
+def _wants_values(error: BaseException) -> bool:
+    """Whether a rule failed only because it met a traced value where it needed a concrete one."""
+    concrete = (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
+                jax.errors.TracerBoolConversionError, jax.errors.TracerIntegerConversionError)
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, concrete):
+            return True
+        cause = cause.__cause__
+    return False
+
+
+def _failing_branch(cx, like: Any, error: OxlaError, which: str) -> Callable[[], Any]:
+    """A stand-in for a branch that cannot run on these inputs: it raises the branch's error when
+    taken at run time (onnxruntime fails there too), so the other branch stays compiled."""
+    message = f"{cx.ref.describe()}: the {which} branch was taken and cannot run on these inputs: {error}"
+
+    def fail() -> None:
+        raise type(error)(message)
+
+    def branch() -> Any:
+        io_callback(fail, None)
+        return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), like)
+    return branch
 
 
 # --- Loop -----------------------------------------------------------------------------------------
