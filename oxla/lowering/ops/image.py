@@ -17,8 +17,10 @@ from jax import lax
 
 from oxla.lowering.registry import rule
 
+# tf_half_pixel_for_nn left the spec in v13 but onnxruntime accepts it in every version, and
+# tf2onnx writes it for every Keras UpSampling2D
 _COORDINATE_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
-                     "asymmetric", "tf_crop_and_resize")
+                     "asymmetric", "tf_crop_and_resize", "tf_half_pixel_for_nn")
 _NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil", "simple")
 
 
@@ -32,28 +34,38 @@ class _Sampling:
     cubic_a: float = -0.75
     exclude_outside: bool = False
     antialias: bool = False
+    sized: bool = False           # the output lengths were given (sizes), not the scales
 
 
 def _source_coords(how: _Sampling, out_len: int, in_len: int, scale: float, roi: tuple | None):
-    """x_original for every output index (float64), per coordinate_transformation_mode."""
-    y = np.arange(out_len, dtype=np.float64)
-    width = scale * in_len  # the fractional output length; align_corners uses it, as onnx.reference does
+    """x_original for every output index, per coordinate_transformation_mode.
+
+    In float32, in onnxruntime's order of operations: float64 moves coordinates that land on a
+    rounding or border edge (1.5 / 0.6f is 2.5 in float32, 2.4999999 in float64).
+    """
+    f = np.float32
+    y, s, half = np.arange(out_len, dtype=f), f(scale), f(0.5)
+    # align_corners and tf_crop_and_resize map onto the fractional output length when scales are
+    # given (onnx.reference, the conformance data); onnxruntime uses the integer one
+    width = f(out_len) if how.sized else f(scale * in_len)
     mode = how.coordinates
     if mode == "half_pixel":
-        return (y + 0.5) / scale - 0.5
-    if mode == "half_pixel_symmetric":
-        offset = in_len / 2 * (1 - out_len / width)
-        return offset + (y + 0.5) / scale - 0.5
+        return (y + half) / s - half
+    if mode == "tf_half_pixel_for_nn":  # TensorFlow's half_pixel_centers for nearest: no -0.5
+        return (y + half) / s
     if mode == "pytorch_half_pixel":
-        return (y + 0.5) / scale - 0.5 if out_len > 1 else np.zeros_like(y)
-    if mode == "align_corners":
-        return np.zeros_like(y) if width == 1 else y * (in_len - 1) / (width - 1)
+        return (y + half) / s - half if out_len > 1 else np.zeros_like(y)
     if mode == "asymmetric":
-        return y / scale
-    start, end = roi  # type: ignore[misc]  # roi is given for tf_crop_and_resize
+        return y / s
+    if mode == "half_pixel_symmetric":
+        offset = f(f(in_len) / f(2) * (f(1) - f(out_len) / f(s * f(in_len))))
+        return (np.float64(offset) + (y + 0.5) / np.float64(s) - 0.5).astype(f)
+    if mode == "align_corners":
+        return np.zeros_like(y) if width == 1 else y * f(in_len - 1) / (width - f(1))
+    start, end = (f(v) for v in roi)  # type: ignore[union-attr]  # given for tf_crop_and_resize
     if width == 1:
-        return np.full_like(y, 0.5 * (start + end) * (in_len - 1))
-    return start * (in_len - 1) + y * (end - start) * (in_len - 1) / (width - 1)
+        return np.full_like(y, 0.5 * (float(start) + float(end)) * (in_len - 1))
+    return start * f(in_len - 1) + y * (end - start) * f(in_len - 1) / (width - f(1))
 
 
 def _nearest_taps(how: _Sampling, x: np.ndarray, scale: float) -> np.ndarray:
@@ -99,6 +111,7 @@ def _axis_taps(how: _Sampling, in_len: int, out_len: int, scale: float, roi: tup
     """Input indices (out, n), weights (out, n) and the extrapolated outputs (or None) of one axis."""
     x = _source_coords(how, out_len, in_len, scale, roi)
     outside = (x < 0) | (x > in_len - 1) if how.coordinates == "tf_crop_and_resize" else None
+    x = x.astype(np.float64)
     if how.mode == "nearest":
         idx = _nearest_taps(how, x, scale)
         return np.clip(idx, 0, in_len - 1), np.ones(idx.shape), outside
@@ -232,7 +245,7 @@ def resize(cx, X, roi=None, scales=None, sizes=None, *, antialias=0, axes=None,
     if coordinate_transformation_mode == "tf_crop_and_resize":
         rois = _rois(cx, roi, axes, X.ndim)
     how = _Sampling(mode, coordinate_transformation_mode, nearest_mode, cubic_coeff_a,
-                    bool(exclude_outside), bool(antialias))
+                    bool(exclude_outside), bool(antialias), sizes is not None)
     return _resample(X, how, out_sizes, full_scales, rois, extrapolation_value)
 
 
