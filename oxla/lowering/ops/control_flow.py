@@ -19,7 +19,7 @@ from jax import lax
 from jax.experimental import io_callback
 from onnx import GraphProto
 
-from oxla.errors import OxlaError
+from oxla.errors import LoweringError, OxlaError
 from oxla.graph import graph_free_names
 from oxla.lowering.context import NeedStatic
 from oxla.lowering.registry import rule
@@ -27,6 +27,8 @@ from oxla.lowering.values import Value, is_static
 
 # A traced loop that must be unrolled runs on the host instead when it has more iterations.
 UNROLL_LIMIT = 256
+# A loop whose condition follows from static values is run ahead at trace time this far at most.
+RUN_AHEAD_LIMIT = 4096
 TRUE = np.array(True)
 
 
@@ -218,6 +220,16 @@ def _lax_loop(cx, step: Step, M: Value, cond: Value, v: list[Value], n_scan: int
     start_known = cond is None or is_static(cond)
     if not early_exit and start_known and M is None:
         raise cx.fail("the loop never ends: no trip count M and the body's condition is always true")
+    if n_scan and early_exit:
+        # tf2onnx's RNN loops: the body's condition never depends on data, so the count is known;
+        # their first condition may still be traced (a float parameter in it): it must hold
+        trips = _run_ahead(step, M, cond if start_known else TRUE, v)
+        if trips is not None:
+            if not trips:
+                return (*v, *_empty_scans(scans))
+            if not start_known:
+                _require_start(cx, cond)
+            return _scan_loop(step, trips, v)
     if n_scan and not (start_known and not early_exit):
         # The number of scan values, hence the output shapes, depends on data.
         _to_host(cx, "cond (the iteration count decides the scan outputs' shapes)", cond)
@@ -226,6 +238,62 @@ def _lax_loop(cx, step: Step, M: Value, cond: Value, v: list[Value], n_scan: int
     if start_known and not early_exit and is_static(M):
         return _scan_loop(step, int(np.reshape(M, ())), v)
     return _while_loop(step, M, cond, v)
+
+
+def _require_start(cx, cond: Value) -> None:
+    """Fail at run time when a loop compiled for its known count would not start at all."""
+    message = (f"{cx.ref.describe()}: the initial condition is false, but the loop was compiled for "
+               "the iteration count its body gives; feed the condition as a constant")
+
+    def check(started: np.ndarray) -> None:
+        if not bool(started):
+            raise LoweringError(message)
+
+    io_callback(check, None, jnp.reshape(cond, ()).astype(bool))
+
+
+def _run_ahead(step: Step, M: Value, cond: Value, v: list[Value]) -> int | None:
+    """The iteration count, when the condition the body computes follows from the iteration
+    number and static loop-carried values alone (tf2onnx's RNN loops compare a carried time
+    counter with the sequence length); None when it depends on data.
+
+    Each iteration traces the body abstractly with the static values it knows so far.
+    """
+    if not all(hasattr(x, "shape") for x in v) or (M is not None and not is_static(M)):
+        return None
+    limit = None if M is None else int(np.reshape(M, ()))
+    keep = cond is None or bool(np.asarray(cond).reshape(-1)[0])
+    known: list[Value] = [x if is_static(x) else None for x in v]
+    i = 0
+    while keep and (limit is None or i < limit):
+        if i >= RUN_AHEAD_LIMIT:
+            return None
+        found = _static_step(step, i, known, v)
+        if found is None:
+            return None
+        keep, known = found
+        i += 1
+    return i
+
+
+def _static_step(step: Step, i: int, known: list[Value], v: list[Value]) -> tuple[bool, list[Value]] | None:
+    """One iteration traced with iteration number i: its condition (None when traced) and which
+    loop-carried values come out static."""
+    seen: dict[str, Any] = {}
+
+    def probe(traced: list[Value]) -> int:
+        values = [k if k is not None else t for k, t in zip(known, traced)]
+        c, v_out, _ = step(np.array(i, np.int64), values)
+        seen["cond"] = bool(np.asarray(c).reshape(-1)[0]) if is_static(c) else None
+        seen["known"] = [x if is_static(x) else None for x in v_out]
+        return 0
+
+    specs = [jax.ShapeDtypeStruct(np.shape(x), x.dtype) for x in v]
+    try:
+        jax.eval_shape(probe, specs)
+    except (NeedStatic, OxlaError):
+        return None
+    return None if seen["cond"] is None else (seen["cond"], seen["known"])
 
 
 def _scan_loop(step: Step, trip: int, v: list[Value]) -> tuple:
