@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -64,13 +65,14 @@ def main() -> None:
         feeds = _feeds(model, args.steps)
         ref: ort.InferenceSession = _onnxruntime(model)
         runs: dict[str, Callable[[], Any]] = {
-            "ort": lambda: ref.run(None, feeds),
-            "oxla": lambda s=_oxla(path, feeds, True): s.run(None, feeds),
+            "ort": partial(ref.run, None, feeds),
+            "oxla": partial(_oxla(path, feeds, True).run, None, feeds),
         }
         if args.without_run_ahead:
-            runs["no-run-ahead"] = lambda s=_oxla(path, feeds, False): s.run(None, feeds)
+            runs["no-run-ahead"] = partial(_oxla(path, feeds, False).run, None, feeds)
         ms = _median_ms(runs, args.repeat)
-        extra = "".join(f"  {k} {v:8.3f} ms ({v / ms['ort']:5.1f}x)" for k, v in ms.items() if k not in ("ort", "oxla"))
+        extra = "".join(f"  {k} {v:8.3f} ms ({v / ms['ort']:5.1f}x)" for k, v in ms.items()
+                        if k not in ("ort", "oxla"))
         print(f"{path.name:28s} ort {ms['ort']:8.3f} ms  oxla {ms['oxla']:8.3f} ms ({ms['oxla'] / ms['ort']:5.1f}x){extra}")
 
 
