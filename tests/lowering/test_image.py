@@ -40,7 +40,7 @@ def test_resize_nearest_modes(nearest_mode: str, ctm: str) -> None:
 @pytest.mark.parametrize("nearest_mode", ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"])
 @pytest.mark.parametrize("factors", [(1, 1, 2, 2), (1, 1, 3, 2), (1, 1, 1.7, 0.6)], ids=["2x", "3x2", "frac"])
 def test_resize_tf_half_pixel_for_nn(nearest_mode: str, factors: tuple) -> None:
-    # tf2onnx writes it for every Keras UpSampling2D; it left the spec in v13, so onnx.reference
+    # tf2onnx writes it for TensorFlow's nearest resizing; it left the spec in v13, so onnx.reference
     # lacks it, and onnxruntime accepts it at every opset
     check("Resize", {"x": IMG, "roi": None, "scales": scales(*factors)}, mode="nearest",
           nearest_mode=nearest_mode, coordinate_transformation_mode="tf_half_pixel_for_nn",
