@@ -1,9 +1,11 @@
 """Control flow: If, Loop and Scan run their subgraphs through cx.run_graph.
 
 When every value a node touches is static the subgraph runs in a Python loop and the results stay
-static. Otherwise If becomes lax.cond and Loop/Scan become lax.scan/while_loop when the carried
-values keep their shapes; else the loop is unrolled (static trip count) or the graph breaks here
-and the node runs on the host with concrete values.
+static. Otherwise If becomes lax.cond (a branch that cannot trace on these inputs becomes one that
+raises when taken) and Loop/Scan become lax.scan/while_loop when the carried values keep their
+shapes (a while-loop whose condition follows from static values is run ahead to its count and
+becomes a scan); else the loop is unrolled (static trip count) or the graph breaks here and the
+node runs on the host with concrete values.
 """
 
 from __future__ import annotations
