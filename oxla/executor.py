@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from oxla.errors import InputError, LoweringError
+from oxla.errors import InputError, LoweringError, OxlaError, ResourceError, ShapeError
 from oxla.lowering.context import NeedStatic, Scope
 from oxla.lowering.interpreter import Interpreter
 from oxla.lowering.values import Value, is_static, to_static
@@ -143,11 +143,14 @@ class Executor:
         if seg is None or seg.call is None:
             return None
         args = values if seg.order is None else [values[i] for i in seg.order]
-        if seg.wide:
-            with x64():
+        try:
+            if seg.wide:
+                with x64():
+                    outs = seg.call(*self._leaves, *args)
+            else:  # no 64-bit argument: the executable needs no 64-bit scope to take them
                 outs = seg.call(*self._leaves, *args)
-        else:  # no 64-bit argument: the executable needs no 64-bit scope to take them
-            outs = seg.call(*self._leaves, *args)
+        except jax.errors.JaxRuntimeError as e:
+            raise _runtime_error(e) from None
         if seg.checks:
             outs = _checked(seg, outs)
         if seg.fast is None:
@@ -166,7 +169,10 @@ class Executor:
                 first = first or seg
                 if seg.call is not None:
                     args = jax.tree.leaves([env.traced[n] for n in seg.inputs])
-                    outs = seg.call(*self._leaves, *args)
+                    try:
+                        outs = seg.call(*self._leaves, *args)
+                    except jax.errors.JaxRuntimeError as e:
+                        raise _runtime_error(e) from None
                     env.traced.update(zip(seg.outputs, _checked(seg, outs) if seg.checks else outs))
                 env.static.update(seg.statics)
                 if seg.stop is None:
@@ -324,6 +330,20 @@ class Executor:
             if name:
                 value = scope.get(name)
                 (env.host if _host_only(value) else env.traced)[name] = value
+
+
+def _runtime_error(error: Exception) -> OxlaError:
+    """An error raised while a compiled segment ran, as the oxla error it carries (a host
+    callback that raised one), else a LoweringError with XLA's first line."""
+    lines = str(error).splitlines()
+    for line in reversed(lines):
+        for cls in (ShapeError, InputError, LoweringError, ResourceError, OxlaError):
+            prefix = f"{cls.__name__}: "
+            at = line.find(prefix)
+            if at >= 0:
+                return cls(line[at + len(prefix):])
+    first = lines[0] if lines else type(error).__name__
+    return LoweringError(f"running the compiled model failed: {first}")
 
 
 def _check_code(checks: Sequence[tuple[Any, Any, str]]) -> Any:

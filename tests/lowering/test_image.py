@@ -37,6 +37,37 @@ def test_resize_nearest_modes(nearest_mode: str, ctm: str) -> None:
           mode="nearest", nearest_mode=nearest_mode, coordinate_transformation_mode=ctm)
 
 
+@pytest.mark.parametrize("nearest_mode", ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"])
+@pytest.mark.parametrize("factors", [(1, 1, 2, 2), (1, 1, 3, 2), (1, 1, 1.7, 0.6)], ids=["2x", "3x2", "frac"])
+def test_resize_tf_half_pixel_for_nn(nearest_mode: str, factors: tuple) -> None:
+    # tf2onnx writes it for TensorFlow's nearest resizing; it left the spec in v13, so onnx.reference
+    # lacks it, and onnxruntime accepts it at every opset
+    check("Resize", {"x": IMG, "roi": None, "scales": scales(*factors)}, mode="nearest",
+          nearest_mode=nearest_mode, coordinate_transformation_mode="tf_half_pixel_for_nn",
+          reference=False)
+
+
+@pytest.mark.parametrize("ctm", ["half_pixel", "half_pixel_symmetric", "pytorch_half_pixel",
+                                 "asymmetric", "tf_half_pixel_for_nn"])
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_resize_coordinates_on_a_float32_edge(ctm: str, mode: str) -> None:
+    # (1 + 0.5) / 0.6f is 2.5 in float32 (onnxruntime) and 2.4999999 in float64: nearest floor
+    # picks another pixel, so coordinates are computed in float32, in onnxruntime's order
+    x = RNG.standard_normal((1, 1, 5, 7)).astype(np.float32)
+    check("Resize", {"x": x, "roi": None, "scales": scales(1, 1, 1.7, 0.6)}, mode=mode,
+          nearest_mode="floor", coordinate_transformation_mode=ctm, reference=False, rtol=1e-4)
+
+
+def test_resize_tf_crop_and_resize_border_in_float32() -> None:
+    # 0.2f * 6 + 8 * (1.2f - 0.2f) * 6 / 10 is 6.0 in float32, just past the border (6) in float64:
+    # onnxruntime samples there instead of extrapolating
+    x = RNG.standard_normal((1, 1, 5, 7)).astype(np.float32)
+    roi = np.array([0, 0, 0.1, 0.2, 1, 1, 0.9, 1.2], np.float32)
+    check("Resize", {"x": x, "roi": roi, "scales": None, "sizes": sizes(1, 1, 3, 11)}, mode="linear",
+          coordinate_transformation_mode="tf_crop_and_resize", extrapolation_value=-9.0,
+          reference=False, rtol=1e-4)
+
+
 @pytest.mark.parametrize("ctm", ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric",
                                  "half_pixel_symmetric"])
 @pytest.mark.parametrize("factors", [(1, 1, 1.7, 0.6), (1, 1, 0.5, 2.5)], ids=["up-down", "down-up"])

@@ -1,9 +1,11 @@
 """Control flow: If, Loop and Scan run their subgraphs through cx.run_graph.
 
 When every value a node touches is static the subgraph runs in a Python loop and the results stay
-static. Otherwise If becomes lax.cond and Loop/Scan become lax.scan/while_loop when the carried
-values keep their shapes; else the loop is unrolled (static trip count) or the graph breaks here
-and the node runs on the host with concrete values.
+static. Otherwise If becomes lax.cond (a branch that cannot trace on these inputs becomes one that
+raises when taken) and Loop/Scan become lax.scan/while_loop when the carried values keep their
+shapes (a while-loop whose condition follows from static values is run ahead to its count and
+becomes a scan); else the loop is unrolled (static trip count) or the graph breaks here and the
+node runs on the host with concrete values.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.experimental import io_callback
 from onnx import GraphProto
 
+from oxla.errors import LoweringError, OxlaError
 from oxla.graph import graph_free_names
 from oxla.lowering.context import NeedStatic
 from oxla.lowering.registry import rule
@@ -25,6 +29,8 @@ from oxla.lowering.values import Value, is_static
 
 # A traced loop that must be unrolled runs on the host instead when it has more iterations.
 UNROLL_LIMIT = 256
+# A loop whose condition follows from static values is run ahead at trace time this far at most.
+RUN_AHEAD_LIMIT = 4096
 TRUE = np.array(True)
 
 
@@ -87,9 +93,66 @@ def if_(cx, cond, *, else_branch=None, then_branch=None):
     try:  # each branch is traced once: nested Ifs cost time linear in their depth
         return tuple(lax.cond(pred, then_fn, else_fn))
     except TypeError as e:  # raised by lax.cond itself: rules' errors arrive as OxlaErrors
-        # lax.cond needs both branches to give the same types: choose the branch on the host.
+        # lax.cond needs both branches to give the same types: choose the branch on the host,
+        # never broadcast or stack values of different shapes.
         cx.static(cond, f"cond (the If branches give different shapes or types: {str(e).splitlines()[0]})")
         raise
+    except OxlaError:
+        pass  # a branch cannot trace on these inputs: find out which (rare; traces again)
+    then_out, then_error = _branch_types(cx, cond, then_fn, "then")
+    else_out, else_error = _branch_types(cx, cond, else_fn, "else")
+    if then_error is not None and else_error is not None:
+        cx.static(cond, "cond (neither branch can run on these inputs)")
+    if then_error is not None:
+        then_fn = _failing_branch(cx, else_out, then_error, "then")
+    elif else_error is not None:
+        else_fn = _failing_branch(cx, then_out, else_error, "else")
+    elif _avals(then_out) != _avals(else_out):
+        # lax.cond needs both branches to give the same types: choose the branch on the host,
+        # never broadcast or stack values of different shapes.
+        cx.static(cond, "cond (the If branches give different shapes or types)")
+    return tuple(lax.cond(pred, then_fn, else_fn))
+
+
+def _branch_types(cx, cond: Value, branch: Callable[[], list[Value]],
+                  which: str) -> tuple[Any, OxlaError | None]:
+    """The output types of one branch traced on the node's inputs, or the error tracing it gave.
+
+    A branch may only make sense for other inputs: a voice model handles 8 and 16 kHz audio in
+    two branches, each shaping the samples for its own rate, so one of them fails to trace.
+    """
+    try:
+        return jax.eval_shape(branch), None
+    except OxlaError as e:
+        if _wants_values(e):  # the branch itself is fine once its values are concrete
+            cx.static(cond, f"cond (the {which} branch needs concrete values: {e})")
+        return None, e
+
+
+def _wants_values(error: BaseException) -> bool:
+    """Whether a rule failed only because it met a traced value where it needed a concrete one."""
+    concrete = (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
+                jax.errors.TracerBoolConversionError, jax.errors.TracerIntegerConversionError)
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, concrete):
+            return True
+        cause = cause.__cause__
+    return False
+
+
+def _failing_branch(cx, like: Any, error: OxlaError, which: str) -> Callable[[], Any]:
+    """A stand-in for a branch that cannot run on these inputs: it raises the branch's error when
+    taken at run time (onnxruntime fails there too), so the other branch stays compiled."""
+    message = f"{cx.ref.describe()}: the {which} branch was taken and cannot run on these inputs: {error}"
+
+    def fail() -> None:
+        raise type(error)(message)
+
+    def branch() -> Any:
+        io_callback(fail, None)
+        return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), like)
+    return branch
 
 
 # --- Loop -----------------------------------------------------------------------------------------
@@ -172,6 +235,16 @@ def _lax_loop(cx, step: Step, M: Value, cond: Value, v: list[Value], n_scan: int
     start_known = cond is None or is_static(cond)
     if not early_exit and start_known and M is None:
         raise cx.fail("the loop never ends: no trip count M and the body's condition is always true")
+    if n_scan and early_exit:
+        # tf2onnx's RNN loops: the body's condition never depends on data, so the count is known;
+        # their first condition may still be traced (a float parameter in it): it must hold
+        trips = _run_ahead(step, M, cond if start_known else TRUE, v)
+        if trips is not None:
+            if not trips:
+                return (*v, *_empty_scans(scans))
+            if not start_known:
+                _require_start(cx, cond)
+            return _scan_loop(step, trips, v)
     if n_scan and not (start_known and not early_exit):
         # The number of scan values, hence the output shapes, depends on data.
         _to_host(cx, "cond (the iteration count decides the scan outputs' shapes)", cond)
@@ -180,6 +253,62 @@ def _lax_loop(cx, step: Step, M: Value, cond: Value, v: list[Value], n_scan: int
     if start_known and not early_exit and is_static(M):
         return _scan_loop(step, int(np.reshape(M, ())), v)
     return _while_loop(step, M, cond, v)
+
+
+def _require_start(cx, cond: Value) -> None:
+    """Fail at run time when a loop compiled for its known count would not start at all."""
+    message = (f"{cx.ref.describe()}: the initial condition is false, but the loop was compiled for "
+               "the iteration count its body gives; feed the condition as a constant")
+
+    def check(started: np.ndarray) -> None:
+        if not bool(started):
+            raise LoweringError(message)
+
+    io_callback(check, None, jnp.reshape(cond, ()).astype(bool))
+
+
+def _run_ahead(step: Step, M: Value, cond: Value, v: list[Value]) -> int | None:
+    """The iteration count, when the condition the body computes follows from the iteration
+    number and static loop-carried values alone (tf2onnx's RNN loops compare a carried time
+    counter with the sequence length); None when it depends on data.
+
+    Each iteration traces the body abstractly with the static values it knows so far.
+    """
+    if not all(hasattr(x, "shape") for x in v) or (M is not None and not is_static(M)):
+        return None
+    limit = None if M is None else int(np.reshape(M, ()))
+    keep = cond is None or bool(np.asarray(cond).reshape(-1)[0])
+    known: list[Value] = [x if is_static(x) else None for x in v]
+    i = 0
+    while keep and (limit is None or i < limit):
+        if i >= RUN_AHEAD_LIMIT:
+            return None
+        found = _static_step(step, i, known, v)
+        if found is None:
+            return None
+        keep, known = found
+        i += 1
+    return i
+
+
+def _static_step(step: Step, i: int, known: list[Value], v: list[Value]) -> tuple[bool, list[Value]] | None:
+    """One iteration traced with iteration number i: its condition (None when traced) and which
+    loop-carried values come out static."""
+    seen: dict[str, Any] = {}
+
+    def probe(traced: list[Value]) -> int:
+        values = [k if k is not None else t for k, t in zip(known, traced)]
+        c, v_out, _ = step(np.array(i, np.int64), values)
+        seen["cond"] = bool(np.asarray(c).reshape(-1)[0]) if is_static(c) else None
+        seen["known"] = [x if is_static(x) else None for x in v_out]
+        return 0
+
+    specs = [jax.ShapeDtypeStruct(np.shape(x), x.dtype) for x in v]
+    try:
+        jax.eval_shape(probe, specs)
+    except (NeedStatic, OxlaError):
+        return None
+    return None if seen["cond"] is None else (seen["cond"], seen["known"])
 
 
 def _scan_loop(step: Step, trip: int, v: list[Value]) -> tuple:

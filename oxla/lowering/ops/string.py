@@ -10,6 +10,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from oxla.lowering.common import xp
 from oxla.lowering.registry import rule
 
 
@@ -133,55 +134,63 @@ def _token_ids(cx, x: Any, tokens: list[Any], pool_strings: Any) -> Any:
     if pool_strings:
         tid = {t: i for i, t in enumerate(tokens)}
         return _map(lambda s: tid.get(text(s), -1), np.asarray(cx.static(x)), np.int64)
+    m = xp(x)
     if not tokens:
-        return jnp.full(x.shape, -1, jnp.int64)
-    table = jnp.asarray(np.array(tokens, dtype=np.int64))
-    x = jnp.asarray(x).astype(jnp.int64)
-    at = jnp.clip(jnp.searchsorted(table, x), 0, len(tokens) - 1)
-    return jnp.where(table[at] == x, at, -1)
+        return m.full(x.shape, -1, np.int64)
+    table = m.asarray(np.array(tokens, dtype=np.int64))
+    x = m.asarray(x).astype(np.int64)
+    at = m.clip(m.searchsorted(table, x), 0, len(tokens) - 1)
+    return m.where(table[at] == x, at, -1)
 
 
 DENSE_TRIE = 1 << 22  # trie edges as a dense (node, token) table up to this many entries
 
 
-def _step(keys: np.ndarray, children: np.ndarray, n_nodes: int, n_tokens: int) -> Any:
+def _step(keys: np.ndarray, children: np.ndarray, n_nodes: int, n_tokens: int, m: Any) -> Any:
     """next(node, token): the trie child, or -1; node and token may be -1 (dead, unknown)."""
     if n_nodes * n_tokens <= DENSE_TRIE:
         table = np.full(n_nodes * n_tokens + 1, -1, np.int64)
         table[keys] = children
-        flat = jnp.asarray(table)
-        return lambda node, tok: flat[jnp.where((node >= 0) & (tok >= 0), node * n_tokens + tok, -1)]
-    sorted_keys, kids = jnp.asarray(keys), jnp.asarray(children)
+        flat = m.asarray(table)
+        return lambda node, tok: flat[m.where((node >= 0) & (tok >= 0), node * n_tokens + tok, -1)]
+    sorted_keys, kids = m.asarray(keys), m.asarray(children)
 
     def search(node: Any, tok: Any) -> Any:
         key = node * n_tokens + tok
-        at = jnp.clip(jnp.searchsorted(sorted_keys, key), 0, keys.size - 1)
-        return jnp.where((node >= 0) & (tok >= 0) & (sorted_keys[at] == key), kids[at], -1)
+        at = m.clip(m.searchsorted(sorted_keys, key), 0, keys.size - 1)
+        return m.where((node >= 0) & (tok >= 0) & (sorted_keys[at] == key), kids[at], -1)
     return search
 
 
 def _walk(ids: Any, keys: np.ndarray, children: np.ndarray, outputs: np.ndarray, n_tokens: int,
           min_n: int, max_n: int, max_skip: int, size: int) -> Any:
-    """Counts[b, column]: every n-gram occurrence in each row, items skip apart (0..max_skip)."""
+    """Counts[b, column]: every n-gram occurrence in each row, items skip apart (0..max_skip).
+
+    numpy on host values (string input runs on the host: eager jax there costs ~10 ms a call)."""
+    m = xp(ids)
     rows, width = ids.shape
     if keys.size == 0 or width == 0:
-        return jnp.zeros((rows, size), jnp.float32)
-    step = _step(keys, children, outputs.size, n_tokens)
-    column_of = jnp.asarray(np.append(outputs, -1))  # node -1 (dead) has no column
+        return m.zeros((rows, size), np.float32)
+    step = _step(keys, children, outputs.size, n_tokens, m)
+    column_of = m.asarray(np.append(outputs, -1))  # node -1 (dead) has no column
     starts = np.arange(width)
     found = []
     for skip in range(max_skip + 1):
-        node = jnp.zeros((rows, width), jnp.int64)
+        node = m.zeros((rows, width), np.int64)
         for n in range(1, max_n + 1):
             pos = starts + (n - 1) * (skip + 1)
-            tok = jnp.where(pos < width, ids[:, np.minimum(pos, width - 1)], -1)
+            tok = m.where(pos < width, ids[:, np.minimum(pos, width - 1)], -1)
             node = step(node, tok)
             # Unigrams are counted once, not once per skip distance (as onnxruntime does)
             if n >= min_n and (n > 1 or skip == 0):
                 column = column_of[node]
-                found.append(jnp.where(column >= 0, column, size))
-    columns = jnp.concatenate(found, axis=1)
-    row = jnp.arange(rows)[:, None]
+                found.append(m.where(column >= 0, column, size))
+    columns = m.concatenate(found, axis=1)
+    row = m.arange(rows)[:, None]
+    if m is np:  # column `size` marks no n-gram: counted in a spare column, then dropped
+        counts = np.zeros((rows, size + 1), np.float32)
+        np.add.at(counts, (np.broadcast_to(row, columns.shape), columns), 1.0)
+        return counts[:, :size]
     return jnp.zeros((rows, size), jnp.float32).at[row, columns].add(1.0, mode="drop")
 
 
@@ -201,12 +210,13 @@ def tf_idf_vectorizer(cx, x, *, max_gram_length=None, max_skip_count=None, min_g
     tokens, keys, children, outputs = _ngram_trie(pool, ngram_counts or (0,), ngram_indexes,
                                                   min_gram_length, max_gram_length)
     ids = _token_ids(cx, x, tokens, pool_strings)
-    rows = jnp.asarray(ids).reshape((1, -1) if x.ndim == 1 else ids.shape)
+    m = xp(ids)
+    rows = m.asarray(ids).reshape((1, -1) if x.ndim == 1 else ids.shape)
     tf = _walk(rows, keys, children, outputs, len(tokens), min_gram_length, max_gram_length,
                max_skip_count, size)
-    w = jnp.asarray(np.asarray(weights, np.float32)) if weights else None
+    w = m.asarray(np.asarray(weights, np.float32)) if weights else None
     if mode == "IDF":
-        y = jnp.where(tf > 0, w if w is not None else 1.0, 0.0).astype(jnp.float32)
+        y = m.where(tf > 0, w if w is not None else np.float32(1), np.float32(0)).astype(np.float32)
     elif mode == "TFIDF" and w is not None:
         y = tf * w
     else:
