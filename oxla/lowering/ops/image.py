@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import itertools
 import math
-import re
-import struct
-import zlib
 from typing import Any
 
 import jax.numpy as jnp
@@ -228,126 +226,27 @@ def non_max_suppression(cx, boxes, scores, max_output_boxes_per_class=None, iou_
     return np.asarray(rows, np.int64).reshape(-1, 3)
 
 
-# --- ImageDecoder: the lossless formats the standard library can decode (zlib for PNG) ----------
-
-_PNM_FIELD = re.compile(rb"\s*(#[^\n]*\n\s*)*(\d+)")  # whitespace and comments, then a number
-_CODEC_NEEDED = {b"\xff\xd8\xff": "JPEG", b"\x00\x00\x00\x0cjP  ": "JPEG 2000", b"II*\x00": "TIFF",
-                 b"MM\x00*": "TIFF", b"RIFF": "WebP"}
-
-
-class _Unsupported(Exception):
-    """A valid stream using a feature these decoders lack (an error, not an empty image)."""
-
-
-def _unfilter_png(raw: np.ndarray, height: int, stride: int, bpp: int) -> np.ndarray:
-    """Undo PNG's per-row filters (none, sub, up, average, paeth) on 8-bit samples."""
-    rows = raw.reshape(height, stride + 1).astype(np.int32)
-    out = np.zeros((height, stride), np.int32)
-    prior = np.zeros(stride, np.int32)
-    for y in range(height):
-        kind, row = rows[y, 0], rows[y, 1:].copy()
-        if kind == 1:
-            row = (np.cumsum(row.reshape(-1, bpp), axis=0).reshape(-1) % 256).astype(np.int32)
-        elif kind == 2:
-            row = (row + prior) % 256
-        elif kind in (3, 4):
-            for i in range(0, stride, bpp):
-                left = row[i - bpp:i] if i else np.zeros(bpp, np.int32)
-                up, corner = prior[i:i + bpp], prior[i - bpp:i] if i else np.zeros(bpp, np.int32)
-                if kind == 3:
-                    pred = (left + up) // 2
-                else:
-                    p = left + up - corner
-                    pa, pb, pc = np.abs(p - left), np.abs(p - up), np.abs(p - corner)
-                    pred = np.where((pa <= pb) & (pa <= pc), left, np.where(pb <= pc, up, corner))
-                row[i:i + bpp] = (row[i:i + bpp] + pred) % 256
-        out[y] = prior = row
-    return out.astype(np.uint8)
-
-
-def _decode_png(data: bytes) -> np.ndarray:
-    pos, idat = 8, b""
-    palette: np.ndarray | None = None
-    header: tuple[int, ...] | None = None
-    while pos + 8 <= len(data):
-        size, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body, pos = data[pos + 8:pos + 8 + size], pos + 12 + size
-        if kind == b"IHDR":
-            header = struct.unpack(">IIBBBBB", body)
-        elif kind == b"PLTE":
-            palette = np.frombuffer(body, np.uint8).reshape(-1, 3)
-        elif kind == b"IDAT":
-            idat += body
-    if header is None:
-        raise _Unsupported("PNG without an IHDR chunk")
-    width, height, depth, color, _, _, interlace = header
-    channels = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}[color]
-    if depth != 8 or interlace:
-        raise _Unsupported(f"PNG with bit depth {depth} or interlacing is not supported")
-    raw = np.frombuffer(zlib.decompress(idat), np.uint8)
-    pixels = _unfilter_png(raw, height, width * channels, channels).reshape(height, width, channels)
-    if color == 3:
-        if palette is None:
-            raise _Unsupported("palette PNG without a PLTE chunk")
-        return palette[pixels[..., 0]]
-    return pixels
-
-
-def _decode_bmp(data: bytes) -> np.ndarray:
-    (offset,) = struct.unpack_from("<I", data, 10)
-    width, height = struct.unpack_from("<ii", data, 18)
-    bits, compression = struct.unpack_from("<HI", data, 28)
-    if bits not in (24, 32) or compression != 0:
-        raise _Unsupported(f"BMP with {bits} bits per pixel or compression {compression} is not supported")
-    stride = (width * bits // 8 + 3) // 4 * 4
-    rows = np.frombuffer(data, np.uint8, stride * abs(height), offset).reshape(abs(height), stride)
-    pixels = rows[:, :width * bits // 8].reshape(abs(height), width, bits // 8)[..., 2::-1]  # BGR(A)
-    return pixels[::-1] if height > 0 else pixels  # positive heights are stored bottom-up
-
-
-def _decode_pnm(data: bytes) -> np.ndarray:
-    fields: list[int] = []
-    pos = 2
-    while len(fields) < 3:
-        m = _PNM_FIELD.match(data, pos)
-        if m is None:
-            raise _Unsupported("malformed PNM header")
-        fields.append(int(m.group(2)))
-        pos = m.end()
-    width, height, top = fields
-    if top > 255:
-        raise _Unsupported("16-bit PNM is not supported")
-    channels = 3 if data[:2] == b"P6" else 1
-    return np.frombuffer(data, np.uint8, width * height * channels, pos + 1).reshape(height, width, channels)
-
-
-def _as_pixel_format(pixels: np.ndarray, pixel_format: str) -> np.ndarray:
-    rgb = np.repeat(pixels[..., :1], 3, axis=2) if pixels.shape[2] <= 2 else pixels[..., :3]
-    if pixel_format == "Grayscale":  # ITU-R 601-2 luma in fixed point, as libjpeg and Pillow do
-        weights = np.array([19595, 38470, 7471])
-        return ((rgb.astype(np.int64) @ weights + 0x8000) >> 16).astype(np.uint8)[..., None]
-    return np.ascontiguousarray(rgb[..., ::-1] if pixel_format == "BGR" else rgb)
-
+# --- ImageDecoder: Pillow decodes (the optional `oxla[image]` extra) ---------------------------
 
 @rule("ImageDecoder", since=20, static=("*",))
 def image_decoder(cx, encoded_stream, *, pixel_format="RGB"):
-    """(H, W, C) uint8 pixels of a BMP, PNG or PNM stream; an empty (0, 0, C) image for a
-    corrupt or unknown stream (v20). JPEG, JPEG 2000, TIFF and WebP need a codec oxla lacks."""
+    """(H, W, C) uint8 pixels of an encoded image (JPEG, PNG, BMP, TIFF, WebP, JPEG 2000, PNM...);
+    an empty (0, 0, C) image for a corrupt or unknown stream, as the spec says (v20)."""
     if pixel_format not in ("RGB", "BGR", "Grayscale"):
         raise cx.fail(f"pixel_format must be 'RGB', 'BGR' or 'Grayscale', got '{pixel_format}'")
-    data = np.asarray(encoded_stream, np.uint8).tobytes()
-    for magic, name in _CODEC_NEEDED.items():
-        if data.startswith(magic):
-            raise cx.fail(f"cannot decode {name} images: that needs an image codec oxla does not have "
-                          "(BMP, PNG and PNM decode)")
-    decoders = {b"\x89PNG": _decode_png, b"BM": _decode_bmp, b"P5": _decode_pnm, b"P6": _decode_pnm}
-    decode = next((f for magic, f in decoders.items() if data.startswith(magic)), None)
     try:
-        pixels = decode(data) if decode else None
-    except _Unsupported as e:
-        raise cx.fail(str(e)) from e
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError, struct.error, zlib.error):
-        pixels = None  # a corrupt stream decodes to an empty image, as the spec says
-    if pixels is None:
+        import PIL.Image
+    except ImportError:
+        raise cx.fail("decoding images needs Pillow: pip install 'oxla[image]'") from None
+    data = np.asarray(encoded_stream, np.uint8).tobytes()
+    try:
+        with PIL.Image.open(io.BytesIO(data)) as img:
+            # Grayscale is Pillow's "L" (ITU-R 601-2 luma), as onnx.reference computes it
+            pixels = np.array(img.convert("L" if pixel_format == "Grayscale" else "RGB"))
+    except PIL.Image.DecompressionBombError as e:
+        raise cx.fail(f"refusing to decode: {e}") from None
+    except (OSError, ValueError, SyntaxError):
         return np.zeros((0, 0, 1 if pixel_format == "Grayscale" else 3), np.uint8)
-    return _as_pixel_format(pixels, pixel_format)
+    if pixel_format == "Grayscale":
+        return pixels[:, :, None]
+    return pixels[:, :, ::-1].copy() if pixel_format == "BGR" else pixels
