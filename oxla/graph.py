@@ -15,7 +15,7 @@ from onnx import (
     numpy_helper,
 )
 
-from oxla.errors import LoweringError
+from oxla.errors import InvalidModelError, LoweringError
 
 ONNX_DOMAINS = ("", "ai.onnx")
 
@@ -99,11 +99,25 @@ def sparse_to_dense(sparse: SparseTensorProto) -> np.ndarray:
 
 
 def initializer_values(graph: GraphProto) -> dict[str, np.ndarray]:
-    """A graph's initializers (dense and sparse) as numpy arrays."""
-    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    """A graph's initializers (dense and sparse) as numpy arrays.
+
+    Raises:
+        InvalidModelError: a tensor whose data does not fit its type and shape.
+    """
+    values = {}
+    for t in graph.initializer:
+        values[t.name] = _tensor_value(t.name, lambda t=t: numpy_helper.to_array(t))
     for sparse in graph.sparse_initializer:
-        values[sparse.values.name] = sparse_to_dense(sparse)
+        name = sparse.values.name
+        values[name] = _tensor_value(name, lambda s=sparse: sparse_to_dense(s))
     return values
+
+
+def _tensor_value(name: str, convert: Any) -> np.ndarray:
+    try:
+        return np.asarray(convert())
+    except (ValueError, TypeError, KeyError, IndexError) as e:
+        raise InvalidModelError(f"tensor '{name}': its data does not fit its type and shape ({e})") from None
 
 
 def attribute_value(attr: AttributeProto) -> Any:
