@@ -213,3 +213,33 @@ def test_device_array_feeds_are_used_in_place() -> None:
         big, tenth = sess.run(None, {"x": dev})
         assert big.tolist() == (x * 2**40).tolist()
         assert tenth.tolist() == (x * 0.1).tolist()
+
+
+def test_training_step_and_run_from_two_threads() -> None:
+    from tests.training.models import mlp, mlp_weights
+
+    sess = TrainingSession(make_trainable(mlp(mlp_weights()), "mse", Momentum(lr=0.01), labels="t"))
+    x = np.random.default_rng(0).random((4, 12), np.float32)
+    t = np.random.default_rng(1).random((4, 5), np.float32)
+    errors: list[BaseException] = []
+
+    def steps() -> None:
+        try:
+            for _ in range(20):
+                sess.step({"x": x, "t": t})
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    def runs() -> None:
+        try:
+            for _ in range(20):
+                assert np.isfinite(sess.run(None, {"x": x})[0]).all()
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=steps), threading.Thread(target=runs)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
