@@ -85,6 +85,9 @@ def load_model(source: ModelSource, *, base_dir: str | os.PathLike[str] | None =
             if not any(benign in first for benign in BENIGN_CHECKER_ERRORS):
                 raise InvalidModelError(
                     f"{label}: onnx.checker rejects the model: {first}") from None
+        except UnicodeDecodeError:  # the checker's own message quotes a name that is not UTF-8
+            raise InvalidModelError(f"{label}: onnx.checker rejects the model: a name or string "
+                                    "in it is not valid UTF-8") from None
     return model
 
 
