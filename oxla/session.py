@@ -6,6 +6,7 @@ import contextlib
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,7 @@ from oxla.executor import DEFAULT_CACHE_SIZE
 from oxla.load import load_model
 from oxla.lowering.context import Options
 from oxla.lowering.values import to_host
-from oxla.training.checkpoint import save_model
+from oxla.training.checkpoint import atomic_write
 
 _ORT_TYPE_NAMES = {
     "float32": "float", "float64": "double", "object": "string", "bool": "bool",
@@ -96,7 +97,21 @@ class InferenceSession:
             jax.profiler.start_trace(self._profile)
         path = getattr(self._options, "optimized_model_filepath", "")
         if path:
-            save_model(self._compiled.model, path)
+            self._write_optimized(path)
+
+    def _write_optimized(self, path: str) -> None:
+        """onnxruntime writes its optimized graph there; oxla writes its compiled artifact
+        (`oxla export`'s format, loaded by oxla.load_exported), or, for a model with a graph
+        break, the model after oxla's graph passes, with a warning."""
+        from oxla.export import ExportError, export_model
+
+        try:
+            data = export_model(self._model).data
+        except ExportError as e:
+            warnings.warn(f"oxla: optimized_model_filepath gets the planned ONNX model, not a "
+                          f"compiled artifact: {e}", stacklevel=3)
+            data = self._compiled.model.SerializeToString()
+        atomic_write(path, data)
 
     def _place(self, providers: Any, provider_options: Any) -> None:
         """Compile for the device the providers ask for."""

@@ -161,12 +161,25 @@ def test_thread_settings_warn_once_and_run() -> None:
     assert sess.run(None, {"image": IMAGE})[0].shape == (2, 10)
 
 
-def test_optimized_model_filepath_writes_the_planned_model(tmp_path: Path) -> None:
+def test_optimized_model_filepath_writes_the_compiled_artifact(tmp_path: Path) -> None:
+    so = oxla.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "resnet.oxla")
+    sess = oxla.InferenceSession(RESNET, so)
+    exported = oxla.load_exported(so.optimized_model_filepath)
+    got = exported.run(None, {"image": IMAGE})[0]
+    np.testing.assert_allclose(got, sess.run(None, {"image": IMAGE})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_optimized_model_filepath_of_a_graph_break_model_is_the_planned_onnx(tmp_path: Path) -> None:
     so = oxla.SessionOptions()
     so.optimized_model_filepath = str(tmp_path / "planned.onnx")
-    oxla.InferenceSession(RESNET, so)
+    detector = str(MODELS / "detector_nms.onnx")
+    with pytest.warns(UserWarning, match="planned ONNX model"):
+        oxla.InferenceSession(detector, so)
     planned = onnx.load(so.optimized_model_filepath)
     onnx.checker.check_model(planned)
-    got = onnxruntime.InferenceSession(so.optimized_model_filepath).run(None, {"image": IMAGE})[0]
-    want = onnxruntime.InferenceSession(RESNET).run(None, {"image": IMAGE})[0]
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    image = np.random.default_rng(1).random((1, 3, 64, 64), np.float32)
+    got = onnxruntime.InferenceSession(so.optimized_model_filepath).run(None, {"image": image})
+    want = onnxruntime.InferenceSession(detector).run(None, {"image": image})
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
