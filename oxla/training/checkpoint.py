@@ -68,6 +68,11 @@ def _write_temp(target: Path, folder: Path, chunks: Iterator[bytes | memoryview]
                 _write_all(f, chunk)
             f.flush()
             os.fsync(f.fileno())
+    except OSError as e:  # a full disk (ENOSPC) or a file-size limit (EFBIG): the old file stays
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise TrainingError(f"cannot write '{target}': {e.strerror or e}; the previous file, if "
+                            "any, is unchanged") from None
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -98,9 +103,14 @@ def atomic_write(path: str | os.PathLike[str], data: bytes) -> Path:
 
 
 def _folder(target: Path) -> Path:
+    """The folder to write `target` in; refuses a target that exists and is not a regular file
+    (a directory, a device node, a socket: renaming over it would replace it)."""
     folder = target.resolve().parent
     if not folder.is_dir():
         raise TrainingError(f"cannot write '{target}': folder '{folder}' does not exist")
+    if os.path.lexists(target) and not target.is_file():
+        kind = "a directory" if target.is_dir() else "not a regular file"
+        raise TrainingError(f"cannot write '{target}': it is {kind}")
     return folder
 
 

@@ -221,7 +221,29 @@ def test_a_failed_save_leaves_the_old_file(tmp_path: Path, monkeypatch: pytest.M
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(checkpoint, "_write_all", fail)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(TrainingError, match="No space left on device; the previous file"):
         sess.save(target)
     assert target.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.onnx"]
+
+
+def test_save_refuses_a_directory_or_a_device_and_reports_a_size_limit(tmp_path: Path) -> None:
+    import resource
+
+    sess = TrainingSession(_model([_info(_sgd_algorithm(), SGD)]))
+    with pytest.raises(TrainingError, match="it is a directory"):
+        sess.save(tmp_path)
+    with pytest.raises(TrainingError, match="not a regular file"):
+        sess.save("/dev/null")
+    target = tmp_path / "m.onnx"
+    sess.save(target)
+    before = target.read_bytes()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64, hard))  # Python ignores SIGXFSZ: writes fail
+    try:
+        with pytest.raises(TrainingError, match="cannot write .*previous file, if any, is unchanged"):
+            sess.save(target)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert target.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["m.onnx"]  # no temp file left behind
