@@ -66,6 +66,28 @@ def saturate(q, zero_point, dtype):
     return y.astype(dtype)
 
 
+def convert_saturate(v, dtype, zero_point=None):
+    """_mm_cvtps_epi32 (half to even; NaN or out of int32 range: INT32_MIN), + zero_point in
+    int32, then the saturating packs down to dtype: the kernels that round before they clamp."""
+    r = jnp.round(v)
+    bad = jnp.isnan(v) | (r >= 2.0**31) | (r < -(2.0**31))
+    i = jnp.where(bad, -(2.0**31), r).astype(I32)
+    if zero_point is not None:
+        i = i + zero_point.astype(I32)
+    lo, hi = int_range(dtype)
+    return jnp.clip(i, lo, hi).astype(dtype)
+
+
+def dynamic_quantize(x):
+    """(uint8 y, scale, zero point) from x's range including 0: GetQuantizationParameter, then
+    MlasQuantizeLinear (all zeros give scale 1)."""
+    hi = jnp.maximum(jnp.max(x).astype(F32), 0.0)
+    lo = jnp.minimum(jnp.min(x).astype(F32), 0.0)
+    scale = jnp.where(hi == lo, jnp.float32(1), div32(hi - lo, jnp.float32(255)))
+    zp = jnp.round(jnp.clip(-div32(lo, scale), 0, 255)).astype(jnp.uint8)
+    return quantize(x, scale, zp, np.dtype(np.uint8)), scale, zp
+
+
 def quantize(x, scale, zero_point, dtype):
     """saturate(round(x / scale) + zero_point): MlasQuantizeLinear (float32 division, half to even)."""
     return saturate(div32(x.astype(F32), scale), zero_point, dtype)

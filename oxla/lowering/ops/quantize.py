@@ -109,11 +109,15 @@ def dequantize_linear(cx, x, x_scale, x_zero_point=None, *, axis=1, block_size=0
     if out == np.dtype(ml_dtypes.float8_e8m0fnu):
         raise cx.fail("the output type cannot be float8e8m0; set output_dtype")
     wide = jnp.float64 if out == np.float64 else jnp.float32  # products of fp16 values are exact in fp32
-    dx = x.astype(wide)
+    # int32 (a com.microsoft type) subtracts in int32 first, wrapping as onnxruntime's does:
+    # float32 cannot hold every int32
+    sub = jnp.int32 if np.dtype(x.dtype) == np.int32 else wide
+    dx = x.astype(sub)
     if x_zero_point is not None:
         if np.dtype(x_zero_point.dtype) != np.dtype(x.dtype):
             raise cx.fail(f"x_zero_point has type {x_zero_point.dtype}, x has {x.dtype}")
-        dx = dx - _param(cx, "x_zero_point", x_zero_point, x.shape, axis, block_size).astype(wide)
+        dx = dx - _param(cx, "x_zero_point", x_zero_point, x.shape, axis, block_size).astype(sub)
+    dx = dx.astype(wide)
     scale = _param(cx, "x_scale", x_scale, x.shape, axis, block_size).astype(wide)
     # rounded to float32 here, so that XLA cannot fuse the product into an FMA with a later Add
     return (qmath.mul32(dx, scale) if wide == jnp.float32 else dx * scale).astype(out)
@@ -122,12 +126,8 @@ def dequantize_linear(cx, x, x_scale, x_zero_point=None, *, axis=1, block_size=0
 @rule("DynamicQuantizeLinear", since=11)
 def dynamic_quantize_linear(cx, x):
     """uint8 y, y_scale = (max(0, x) - min(0, x)) / 255, y_zero_point = round(-min / scale) (v11+)."""
-    hi = jnp.maximum(jnp.max(x).astype(jnp.float32), 0.0)
-    lo = jnp.minimum(jnp.min(x).astype(jnp.float32), 0.0)
-    # onnxruntime's GetQuantizationParameter: all zeros give scale 1
-    scale = jnp.where(hi == lo, jnp.float32(1), qmath.div32(hi - lo, jnp.float32(255)))
-    zp = jnp.round(jnp.clip(-qmath.div32(lo, scale), 0, 255)).astype(jnp.uint8)
-    return qmath.quantize(x, scale, zp, np.dtype(np.uint8)), scale.astype(x.dtype), zp
+    y, scale, zp = qmath.dynamic_quantize(x)
+    return y, scale.astype(x.dtype), zp
 
 
 def _row_param(p):
