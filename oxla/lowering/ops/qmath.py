@@ -195,32 +195,52 @@ def _per_channel(zero_point, rank: int):
     return z.reshape(()) if z.size == 1 else z.reshape((-1,) + (1,) * (rank - 1))
 
 
+def _split_weights(wi, group: int):
+    """Integer weights (M, C/g, k...) as (hi, lo) 4-bit halves, w = 16 hi + lo, stacked per group
+    on the output axis: (2M, C/g, k...), group g's hi filters then its lo filters."""
+    m = wi.shape[0]
+    hi, lo = wi >> 4, wi & 15
+    both = jnp.stack([hi.reshape(group, m // group, *wi.shape[1:]),
+                      lo.reshape(group, m // group, *wi.shape[1:])], axis=1)
+    return both.reshape(2 * m, *wi.shape[1:])
+
+
 def _conv_float(x, w, x_zero_point, w_zero_point, strides, padding: Pads, dilations, group):
-    """Centered operands in a float type whose sums of products are exact; int32 out."""
+    """Centered operands in float32 when every partial sum is an exact integer there (|sum| of
+    products < 2^24), else with the weights split in 4-bit halves (two float32 products), else
+    float64; int32 out."""
     k = math.prod(w.shape[1:])
-    exact = k * _bound(x, x_zero_point) * _bound(w, w_zero_point) < 2**24
-    dtype = F32 if exact else F64
-    xf, wf = x.astype(dtype), w.astype(dtype)
+    bx, bw = _bound(x, x_zero_point), _bound(w, w_zero_point)
+    xf = x.astype(F32)
     if x_zero_point is not None:
-        xf = xf - jnp.asarray(x_zero_point).astype(dtype).reshape(())
+        xf = xf - jnp.asarray(x_zero_point).astype(F32).reshape(())
+    wi = w.astype(I32)
     if w_zero_point is not None:
-        wf = wf - _per_channel(w_zero_point, w.ndim).astype(dtype)
-    acc = lax.conv_general_dilated(xf, wf, strides, list(padding), rhs_dilation=dilations,
-                                   feature_group_count=group, precision=lax.Precision.HIGHEST)
-    return acc.astype(I32)
+        wi = wi - _per_channel(w_zero_point, w.ndim).astype(I32)
+
+    def conv(a, b, groups=group):
+        return lax.conv_general_dilated(a, b, strides, list(padding), rhs_dilation=dilations,
+                                        feature_group_count=groups, precision=lax.Precision.HIGHEST)
+    if k * bx * bw < 2**24:
+        return conv(xf, wi.astype(F32)).astype(I32)
+    if k * bx * 16 < 2**24:
+        y = conv(xf, _split_weights(wi, group).astype(F32)).astype(I32)
+        n, m, spatial = y.shape[0], w.shape[0], y.shape[2:]
+        y = y.reshape(n, group, 2, m // group, *spatial)
+        return (16 * y[:, :, 0] + y[:, :, 1]).reshape(n, m, *spatial)
+    return conv(xf.astype(F64), wi.astype(F64)).astype(I32)
 
 
-# channels-last int8 convolutions lose to float32 below this many input channels (a 3-channel
-# 7x7 stem: 2.2 ms int8 vs 1.5 ms float32) and on grouped convolutions (19 ms vs 4 ms)
-_MIN_INT8_CHANNELS = 8
+# oneDNN's int8 convolutions pay off from 32 input channels on (16 channels at 8x8: 0.30 ms int8
+# vs 0.10 ms float32; 64 channels at 56x56: 0.28 ms vs 1.6 ms); grouped ones never (19 ms vs 4 ms)
+_MIN_INT8_CHANNELS = 32
 
 
 def int_conv(x, w, x_zero_point, w_zero_point, strides, padding: Pads, dilations, group: int):
     """conv(x - x_zp, w - w_zp) in int32, NCHW / (M, C/group, k...), X padded with x_zp."""
     strides, dilations = tuple(strides), tuple(dilations)
     n = x.ndim - 2
-    small = math.prod(w.shape[1:]) * _bound(x, x_zero_point) * _bound(w, w_zero_point) < 2**24
-    if group != 1 or n > 2 or (w.shape[1] < _MIN_INT8_CHANNELS and small):
+    if group != 1 or n > 2 or w.shape[1] < _MIN_INT8_CHANNELS:
         return _conv_float(x, w, x_zero_point, w_zero_point, strides, padding, dilations, group)
     if n == 1:  # the int8 kernels are 2-D: a unit axis in front
         acc = _conv_int8(x[:, :, None], w[:, :, None], x_zero_point, w_zero_point, (1, *strides),
