@@ -47,26 +47,27 @@ def _reference(x, w, zx, zw, strides, pads, dilations, group):
     return np.asarray(y).astype(np.int64)
 
 
-# (x type, w type, spatial rank, C, M, k, stride, dilation, pad, group): the paths
+# (x type, w type, spatial rank, size, C, M, k, stride, dilation, pad, group): the paths
 CONVS = {
-    "int8-channels-last": (np.uint8, np.int8, 2, 64, 8, 3, 1, 1, 1, 1),
-    "int8-strided-zw": (np.uint8, np.uint8, 2, 32, 8, 3, 2, 2, 2, 1),
-    "int8-1d": (np.int8, np.int8, 1, 40, 8, 3, 2, 1, 1, 1),
-    "float32-exact": (np.uint8, np.int8, 2, 16, 8, 3, 1, 1, 1, 1),
-    "float32-stem": (np.uint8, np.int8, 2, 3, 8, 7, 2, 1, 3, 1),
-    "float32-depthwise": (np.uint8, np.int8, 2, 16, 16, 3, 1, 1, 1, 16),
-    "split-halves": (np.uint8, np.uint8, 2, 31, 16, 3, 1, 1, 1, 1),
-    "split-grouped": (np.uint8, np.uint8, 2, 62, 16, 3, 1, 1, 1, 2),
-    "float64": (np.uint8, np.uint8, 2, 25, 4, 13, 1, 1, 6, 1),
-    "3d": (np.uint8, np.uint8, 3, 4, 4, 3, 1, 1, 1, 2),
+    "int8-conv": (np.uint8, np.uint8, 2, 36, 32, 8, 3, 1, 2, 2, 1),
+    "int8-conv-strided": (np.uint8, np.int8, 2, 40, 48, 8, 3, 2, 1, 1, 1),
+    "im2col": (np.uint8, np.int8, 2, 9, 64, 8, 3, 1, 1, 1, 1),
+    "im2col-strided-zw": (np.uint8, np.uint8, 2, 9, 32, 8, 3, 2, 2, 2, 1),
+    "im2col-stem": (np.uint8, np.int8, 2, 20, 3, 8, 7, 2, 1, 3, 1),
+    "im2col-pointwise": (np.int8, np.int8, 2, 9, 16, 8, 1, 1, 1, 0, 1),
+    "im2col-1d": (np.int8, np.int8, 1, 9, 40, 8, 3, 2, 1, 1, 1),
+    "float32-depthwise": (np.uint8, np.int8, 2, 9, 16, 16, 3, 1, 1, 1, 16),
+    "split-grouped": (np.uint8, np.uint8, 2, 9, 62, 16, 3, 1, 1, 1, 2),
+    "float64-grouped": (np.uint8, np.uint8, 2, 9, 50, 4, 13, 1, 1, 6, 2),
+    "float-3d": (np.uint8, np.uint8, 3, 6, 4, 4, 3, 1, 1, 1, 1),
 }
 
 
 @pytest.mark.parametrize("static", [True, False])
 @pytest.mark.parametrize("case", sorted(CONVS))
 def test_int_conv(case: str, static: bool) -> None:
-    tx, tw, rank, c, m, k, s, d, p, g = CONVS[case]
-    x, w = q(tx, (2, c) + (9,) * rank), q(tw, (m, c // g) + (k,) * rank)
+    tx, tw, rank, size, c, m, k, s, d, p, g = CONVS[case]
+    x, w = q(tx, (2, c) + (size,) * rank), q(tw, (m, c // g) + (k,) * rank)
     zx, zw = q(tx, ()), q(tw, (m,))
     geometry = ((s,) * rank, [(p, p)] * rank, (d,) * rank, g)
     want = _reference(x, w, zx, zw, *geometry)
