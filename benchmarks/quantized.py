@@ -37,7 +37,7 @@ CACHE = ROOT / "benchmarks" / ".cache" / "ort_quant"
 MODELS: dict[str, tuple[Callable[[], Path], str, tuple[int, ...], tuple[str, ...], tuple[int, ...]]] = {
     "resnet_small": (lambda: ROOT / "models" / "resnet_small.onnx", "image", (3, 64, 64),
                      ("dynamic", "qdq", "qop"), (1, 8)),
-    "resnet50": (lambda: model_path("resnet50"), "input", (3, 224, 224), ("dynamic",), (1,)),
+    "resnet50": (lambda: model_path("resnet50"), "input", (3, 224, 224), ("dynamic", "qdq", "qop"), (1,)),
 }
 
 

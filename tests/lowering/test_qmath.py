@@ -49,17 +49,17 @@ def _reference(x, w, zx, zw, strides, pads, dilations, group):
 
 # (x type, w type, spatial rank, size, C, M, k, stride, dilation, pad, group): the paths
 CONVS = {
-    "int8-conv": (np.uint8, np.uint8, 2, 36, 32, 8, 3, 1, 2, 2, 1),
-    "int8-conv-strided": (np.uint8, np.int8, 2, 40, 48, 8, 3, 2, 1, 1, 1),
-    "im2col": (np.uint8, np.int8, 2, 9, 64, 8, 3, 1, 1, 1, 1),
-    "im2col-strided-zw": (np.uint8, np.uint8, 2, 9, 32, 8, 3, 2, 2, 2, 1),
-    "im2col-stem": (np.uint8, np.int8, 2, 20, 3, 8, 7, 2, 1, 3, 1),
-    "im2col-pointwise": (np.int8, np.int8, 2, 9, 16, 8, 1, 1, 1, 0, 1),
-    "im2col-1d": (np.int8, np.int8, 1, 9, 40, 8, 3, 2, 1, 1, 1),
+    "gemm-dilated-zw": (np.uint8, np.uint8, 2, 36, 32, 8, 3, 1, 2, 2, 1),
+    "gemm-strided": (np.uint8, np.int8, 2, 40, 48, 8, 3, 2, 1, 1, 1),
+    "gemm": (np.uint8, np.int8, 2, 9, 64, 8, 3, 1, 1, 1, 1),
+    "gemm-strided-dilated-zw": (np.uint8, np.uint8, 2, 9, 32, 8, 3, 2, 2, 2, 1),
+    "gemm-stem": (np.uint8, np.int8, 2, 20, 3, 8, 7, 2, 1, 3, 1),
+    "gemm-pointwise": (np.int8, np.int8, 2, 9, 16, 8, 1, 1, 1, 0, 1),
+    "gemm-1d": (np.int8, np.int8, 1, 9, 40, 8, 3, 2, 1, 1, 1),
     "float32-depthwise": (np.uint8, np.int8, 2, 9, 16, 16, 3, 1, 1, 1, 16),
     "split-grouped": (np.uint8, np.uint8, 2, 9, 62, 16, 3, 1, 1, 1, 2),
     "float64-grouped": (np.uint8, np.uint8, 2, 9, 50, 4, 13, 1, 1, 6, 2),
-    "float-3d": (np.uint8, np.uint8, 3, 6, 4, 4, 3, 1, 1, 1, 1),
+    "gemm-3d": (np.uint8, np.uint8, 3, 6, 4, 4, 3, 1, 1, 1, 1),
 }
 
 
