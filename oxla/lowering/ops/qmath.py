@@ -123,9 +123,19 @@ def as_int8(v, zero_point):
     return v8, shift - zero_point.astype(I32)
 
 
+def _materialized(a, b):
+    """The operands of an int8 product, kept out of the fusions around it: XLA otherwise shares
+    an int32 convert of them with the row/column sums and multiplies in int32 (512x4608 by 49:
+    12 ms instead of 1.7 ms)."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return a, b
+    return lax.optimization_barrier((a, b))
+
+
 def _offset_matmul(a8, ca, b8, cb):
     """(a8 + ca) @ (b8 + cb) in int32 from one int8 product and row/column sums (ca per row or
     scalar, cb per column or scalar, None for 0)."""
+    a8, b8 = _materialized(a8, b8)
     acc = jnp.matmul(a8, b8, preferred_element_type=I32)
     if cb is not None:
         acc = acc + jnp.sum(a8, axis=-1, keepdims=True, dtype=I32) * cb
@@ -195,8 +205,7 @@ def _conv_int8(x, w, x_zero_point, w_zero_point, strides, padding: Pads, dilatio
         a8 = lax.pad(a8, fill, [(0, 0, 0), (0, 0, 0)] + [(lo, hi, 0) for lo, hi in padding])
     cols, out = _columns(a8, w.shape[2:], strides, dilations)
     n, m, k = x.shape[0], w.shape[0], math.prod(w.shape[1:])
-    cols = cols.reshape(n, k, -1)
-    wm = b8.reshape(m, k)
+    wm, cols = _materialized(b8.reshape(m, k), cols.reshape(n, k, -1))
     if n == 1:
         acc = jnp.matmul(wm, cols[0], preferred_element_type=I32)[None]
     else:  # a batched product (the weights broadcast) beats one over the images side by side
