@@ -3,8 +3,9 @@
     python -m benchmarks.quantized [--models resnet_small,resnet50] [--runs 20] [--write docs/contrib-ops-quant.md]
 
 resnet_small (models/) is quantized three ways (quantize_dynamic: ConvInteger/MatMulInteger;
-quantize_static QDQ and QOperator: QLinearConv, com.microsoft QLinearAdd/QGemm), ResNet-50
-(benchmarks.models, random weights) with quantize_dynamic, into benchmarks/.cache/ort_quant.
+quantize_static QDQ and QOperator: QLinearConv, com.microsoft QLinearAdd/QGemm), as are ResNet-50
+(benchmarks.models, random weights) and models/transformer_encoder.onnx (MatMulInteger,
+QLinearMatMul, QLinearSoftmax...), into benchmarks/.cache/ort_quant.
 onnxruntime runs twice: at its default optimisation level (fused integer kernels: what a user
 gets) and at ORT_ENABLE_BASIC (the graph as written: what oxla computes, bit for bit). Each
 configuration runs in its own process, timed in alternating blocks after warm-up; medians.
@@ -38,7 +39,16 @@ MODELS: dict[str, tuple[Callable[[], Path], str, tuple[int, ...], tuple[str, ...
     "resnet_small": (lambda: ROOT / "models" / "resnet_small.onnx", "image", (3, 64, 64),
                      ("dynamic", "qdq", "qop"), (1, 8)),
     "resnet50": (lambda: model_path("resnet50"), "input", (3, 224, 224), ("dynamic", "qdq", "qop"), (1,)),
+    "transformer_encoder": (lambda: ROOT / "models" / "transformer_encoder.onnx", "ids", (32,),
+                            ("dynamic", "qdq", "qop"), (1, 8)),
 }
+
+
+def _input(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Token ids below 100 for "ids", standard normal floats otherwise."""
+    if name == "ids":
+        return rng.integers(0, 100, shape).astype(np.int64)
+    return rng.standard_normal(shape).astype(np.float32)
 
 
 class _Reader:
@@ -47,7 +57,7 @@ class _Reader:
     def __init__(self, name: str, shape: tuple[int, ...]) -> None:
         rng = np.random.default_rng(123)
         self._items: Iterator[dict[str, np.ndarray]] = iter(
-            [{name: rng.standard_normal((1, *shape)).astype(np.float32)} for _ in range(8)])
+            [{name: _input(name, (1, *shape), rng)} for _ in range(8)])
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         return next(self._items, None)
@@ -107,7 +117,7 @@ def bench(model: str, fmt: str, batch: int, runs: int) -> Result:
 
     path = str(quantized_path(model, fmt))
     _, name, shape, _, _ = MODELS[model]
-    feeds = {name: np.random.default_rng(0).standard_normal((batch, *shape)).astype(np.float32)}
+    feeds = {name: _input(name, (batch, *shape), np.random.default_rng(0))}
     sess = oxla.InferenceSession(path)
     got, first = _timed(lambda: sess.run(None, feeds))
     fused = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
