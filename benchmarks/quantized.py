@@ -111,6 +111,7 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 
 
 def bench(model: str, fmt: str, batch: int, runs: int) -> Result:
+    """One configuration: oxla, onnxruntime (default level) and onnxruntime basic, interleaved."""
     import onnxruntime as ort
 
     import oxla

@@ -165,6 +165,7 @@ def tiny_attention() -> onnx.ModelProto:
 
 
 def repo_model(file: str) -> onnx.ModelProto:
+    """A model of models/, without its exporter metadata and training section."""
     model = _strip(onnx.load(os.path.join(MODELS, file)))
     # a training section (digits_mlp) means nothing to the quantizers
     del model.training_info[:]
@@ -226,6 +227,7 @@ def quantize(model: onnx.ModelProto, src: str, kind: str, target: str) -> None:
 
 
 def export(out: str, full: bool) -> list[str]:
+    """Write every quantized form into out; returns the paths."""
     os.makedirs(out, exist_ok=True)
     written = []
     with tempfile.TemporaryDirectory() as tmp:

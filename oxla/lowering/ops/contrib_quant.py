@@ -1,4 +1,4 @@
-"""Quantized com.microsoft ops as onnxruntime's CPU kernels compute them: QLinearAdd/Mul, QGemm, ...
+"""Quantized com.microsoft ops as onnxruntime's CPU kernels compute them: QLinear*, QGemm, ...
 
 Each rule follows the rounding of onnxruntime's x86-64 kernels (MLAS with AVX2/FMA), where
 exact agreement is possible: integer products accumulate in int32, and the float32 steps round
@@ -24,12 +24,7 @@ I32 = jnp.int32
 MS = "com.microsoft"
 
 
-def _scalar(v, default=0):
-    """A per-tensor scale or zero point as a 0-d value (a missing zero point is 0 of its type)."""
-    return jnp.asarray(default) if v is None else v.reshape(())
-
-
-def _zero_point(zp, like):
+def _zero_point(zp):
     """A per-tensor zero point as float32 (absent: 0)."""
     return jnp.zeros((), F32) if zp is None else zp.reshape(()).astype(F32)
 
@@ -57,6 +52,7 @@ def _scalar_side(a_shape, b_shape) -> str:
 
 
 def _check_per_tensor(cx, **params) -> None:
+    """onnxruntime's QLinear elementwise kernels take one scale and zero point per tensor."""
     for name, v in params.items():
         if v is not None and int(np.prod(v.shape)) != 1:
             raise cx.fail(f"{name} must be a scalar or a 1-element tensor, got shape {tuple(v.shape)}")
@@ -73,9 +69,9 @@ def qlinear_add(cx, A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale,
         if side == "a" else ((A, A_scale, A_zero_point), (B, B_scale, B_zero_point))
     sc = C_scale.reshape(())
     rx, ry = qmath.div32(sx.reshape(()), sc), qmath.div32(sy.reshape(()), sc)
-    zc = _zero_point(C_zero_point, A)
+    zc = _zero_point(C_zero_point)
     # float(zc) - (rx * zx + ry * zy), as compiled with FMA contraction
-    fixed = zc - qmath.fma32(rx, _zero_point(zx, A), qmath.mul32(ry, _zero_point(zy, A)))
+    fixed = zc - qmath.fma32(rx, _zero_point(zx), qmath.mul32(ry, _zero_point(zy)))
     # vector + vector: fma(x, rx, fma(y, ry, fixed)); a scalar y folds into the constant part
     # first, by the same FMA
     v = qmath.fma32(x.astype(F32), rx, qmath.fma32(y.astype(F32), ry, fixed))
@@ -91,7 +87,7 @@ def qlinear_mul(cx, A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale,
     a = A.astype(I32) - (0 if A_zero_point is None else A_zero_point.reshape(()).astype(I32))
     b = B.astype(I32) - (0 if B_zero_point is None else B_zero_point.reshape(()).astype(I32))
     # |a * b| <= 65025 is exact in float32; the zero point is added in float32 before rounding
-    v = qmath.mul32((a * b).astype(F32), ratio) + _zero_point(C_zero_point, A)
+    v = qmath.mul32((a * b).astype(F32), ratio) + _zero_point(C_zero_point)
     return qmath.convert_saturate(v, np.dtype(A.dtype))
 
 
@@ -225,7 +221,7 @@ def _softmax_rows(x, x_scale, y_scale, y_zero_point):
     e = table[index]
     ys = jnp.floor(qmath.div32(jnp.float32(1), y_scale.reshape(())))
     scale = qmath.mul32(qmath.div32(jnp.float32(1), _lane_sum(e)), ys)
-    v = qmath.fma32(e, scale, _zero_point(y_zero_point, x))
+    v = qmath.fma32(e, scale, _zero_point(y_zero_point))
     return qmath.convert_saturate(v, np.dtype(x.dtype))
 
 
@@ -331,7 +327,7 @@ def qlinear_average_pool(cx, X, x_scale, x_zero_point, y_scale, y_zero_point=Non
     else:
         counts = _counts(win, 0).astype(np.float32)
     y = qmath.div32(qmath.div32(total, jnp.asarray(counts)), y_scale.reshape(()))
-    y = qmath.convert_saturate(y + _zero_point(y_zero_point, X), np.dtype(X.dtype))
+    y = qmath.convert_saturate(y + _zero_point(y_zero_point), np.dtype(X.dtype))
     return jnp.moveaxis(y, 1, -1) if channels_last else y
 
 

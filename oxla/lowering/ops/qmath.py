@@ -48,6 +48,7 @@ def fma32(a, b, c):
 
 
 def int_range(dtype) -> tuple[int, int]:
+    """(min, max) of an integer type, ml_dtypes' 4-bit ones included."""
     info = ml_dtypes.iinfo(np.dtype(dtype))
     return int(info.min), int(info.max)
 
