@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from oxla.lowering.ops.qmath import int_conv
 from oxla.lowering.registry import rule
 
 Pads = list[tuple[int, int]]
@@ -112,26 +113,32 @@ def conv(cx, x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel
     return _add_bias(y, b)
 
 
+def conv_window(cx, x, w, *, auto_pad, dilations, group, kernel_shape, pads, strides):
+    """(strides, (begin, end) pads, dilations) of a Conv-like node, after checking its shapes."""
+    n = _check_conv_shapes(cx, x, w, group, kernel_shape)
+    if x.shape[1] != w.shape[1] * group or w.shape[0] % group:
+        raise cx.fail(f"X has {x.shape[1]} channels and W has shape {tuple(w.shape)}: with "
+                      f"group={group}, W must be (M, C/group, ...) with M divisible by group")
+    s = spatial_ints(cx, "strides", strides, n, 1)
+    d = spatial_ints(cx, "dilations", dilations, n, 1)
+    return s, window_pads(cx, auto_pad, pads, x.shape[2:], w.shape[2:], s, d), d
+
+
 @rule("ConvInteger", since=10)
 def conv_integer(cx, x, w, x_zero_point=None, w_zero_point=None, *, auto_pad="NOTSET",
                  dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
     """Y = (X - x_zero_point) (*) (W - w_zero_point) as int32, w_zero_point per M (v10+)."""
-    xi = x.astype(jnp.int32)
-    wi = w.astype(jnp.int32)
+    s, padding, d = conv_window(cx, x, w, auto_pad=auto_pad, dilations=dilations, group=group,
+                                kernel_shape=kernel_shape, pads=pads, strides=strides)
     if x_zero_point is not None:
         if np.size(x_zero_point) != 1:
             raise cx.fail(f"x_zero_point must be a scalar, got shape {tuple(x_zero_point.shape)}")
-        xi = xi - jnp.reshape(x_zero_point, ()).astype(jnp.int32)
-    if w_zero_point is not None:
-        if np.size(w_zero_point) not in (1, w.shape[0]):
-            raise cx.fail(f"w_zero_point must be a scalar or have {w.shape[0]} values (one per "
-                          f"output channel), got shape {tuple(w_zero_point.shape)}")
-        zp = jnp.reshape(w_zero_point, (-1,) + (1,) * (w.ndim - 1)).astype(jnp.int32)
-        wi = wi - zp
+        x_zero_point = x_zero_point.reshape(())
+    if w_zero_point is not None and np.size(w_zero_point) not in (1, w.shape[0]):
+        raise cx.fail(f"w_zero_point must be a scalar or have {w.shape[0]} values (one per "
+                      f"output channel), got shape {tuple(w_zero_point.shape)}")
     # padding adds zeros after the zero point is subtracted, i.e. pads X with x_zero_point
-    return _conv(cx, xi, wi, auto_pad=auto_pad, dilations=dilations, group=group,
-                 kernel_shape=kernel_shape, pads=pads, strides=strides,
-                 preferred_element_type=jnp.int32)
+    return int_conv(x, w, x_zero_point, w_zero_point, s, padding, d, group)
 
 
 # --- ConvTranspose ------------------------------------------------------------------------------

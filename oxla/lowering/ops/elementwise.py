@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from oxla.lowering.ops.qmath import div32, mul32
 from oxla.lowering.registry import register_rule, rule
 
 
@@ -75,7 +76,18 @@ _unary_family({
 def _div(a, b):
     if jnp.issubdtype(a.dtype, jnp.integer):
         return lax.div(a, b)  # ONNX integer Div truncates toward zero: lax.div, not floor_divide
+    if a.dtype == jnp.float32 and b.dtype == jnp.float32:
+        # XLA turns x / broadcast(s) into x * (1 / s): divide in float64, round once (IEEE result)
+        return div32(a, b)
     return jnp.divide(a, b)
+
+
+def _mul(a, b):
+    if a.dtype == jnp.float32 and b.dtype == jnp.float32:
+        # rounded to float32 here, or XLA fuses the product with a following Add into an FMA
+        # (onnxruntime rounds both; one ulp apart flips later quantization roundings)
+        return mul32(a, b)
+    return jnp.multiply(a, b)
 
 
 def _broadcast_pair(a, b):
@@ -86,7 +98,7 @@ def _broadcast_pair(a, b):
 _binary_family({
     "Add": (7, jnp.add),
     "Sub": (7, jnp.subtract),
-    "Mul": (7, jnp.multiply),
+    "Mul": (7, _mul),
     "Div": (7, _div),
     # strings (v19+) are host values: numpy compares them
     "Equal": (7, lambda a, b: np.equal(a, b) if a.dtype == object else jnp.equal(a, b)),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from oxla.lowering.ops.qmath import int_matmul
 from oxla.lowering.registry import rule
 
 # float32 products at full precision: onnx's tolerances assume it (TPU/GPU default to less)
@@ -87,11 +88,7 @@ def det(cx, x):
 @rule("MatMulInteger", since=10)
 def mat_mul_integer(cx, a, b, a_zero_point=None, b_zero_point=None):
     """Y = (A - a_zero_point) @ (B - b_zero_point) in int32; zero points per tensor, row of A or column of B (v10+)."""
-    a = a.astype(jnp.int32)
-    b = b.astype(jnp.int32)
-    if a_zero_point is not None:
-        zp = a_zero_point.astype(jnp.int32)
-        a = a - (zp[:, None] if zp.ndim == 1 else zp)  # a vector is per row of A; N-D is [..., M, 1]
-    if b_zero_point is not None:
-        b = b - b_zero_point.astype(jnp.int32)  # a vector is per column of B; N-D is [..., 1, N]
-    return jnp.matmul(a, b, preferred_element_type=jnp.int32)
+    if a_zero_point is not None and a_zero_point.ndim == 1:
+        a_zero_point = a_zero_point.reshape(-1, 1)  # a vector is per row of A; N-D is [..., M, 1]
+    # a vector b_zero_point is per column of B; N-D is [..., 1, N]: both broadcast as they are
+    return int_matmul(a, b, a_zero_point, b_zero_point)

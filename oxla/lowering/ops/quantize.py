@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import math
-
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from jax import lax
 
 from oxla.dtypes import to_numpy_dtype
+from oxla.lowering.ops import qmath
+from oxla.lowering.ops.conv import conv_window
 from oxla.lowering.registry import rule
 
 _FLOAT8 = frozenset(np.dtype(t) for t in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz,
@@ -91,11 +91,14 @@ def quantize_linear(cx, x, y_scale, y_zero_point=None, *, axis=1, block_size=0, 
     if target not in _INTEGER | _FLOAT8 | _FLOAT4:
         raise cx.fail(f"cannot quantize to {target}")
     work = _division_type(np.dtype(y_scale.dtype), precision)
-    scale = _param(cx, "y_scale", y_scale, x.shape, axis, block_size).astype(work)
+    scale = _param(cx, "y_scale", y_scale, x.shape, axis, block_size)
     zp = None
     if y_zero_point is not None:
         zp = _param(cx, "y_zero_point", y_zero_point, x.shape, axis, block_size)
-    return _to_quantized(cx, x.astype(work) / scale, zp, target, saturate)
+    if target in _INTEGER and not precision and work != np.float64:
+        # onnxruntime divides in float32 for float16/bfloat16 inputs and scales too
+        return qmath.quantize(x, scale.astype(jnp.float32), zp, target)
+    return _to_quantized(cx, x.astype(work) / scale.astype(work), zp, target, saturate)
 
 
 @rule("DequantizeLinear", since=10)
@@ -106,35 +109,25 @@ def dequantize_linear(cx, x, x_scale, x_zero_point=None, *, axis=1, block_size=0
     if out == np.dtype(ml_dtypes.float8_e8m0fnu):
         raise cx.fail("the output type cannot be float8e8m0; set output_dtype")
     wide = jnp.float64 if out == np.float64 else jnp.float32  # products of fp16 values are exact in fp32
-    dx = x.astype(wide)
+    # int32 (a com.microsoft type) subtracts in int32 first, wrapping as onnxruntime's does:
+    # float32 cannot hold every int32
+    sub = jnp.int32 if np.dtype(x.dtype) == np.int32 else wide
+    dx = x.astype(sub)
     if x_zero_point is not None:
         if np.dtype(x_zero_point.dtype) != np.dtype(x.dtype):
             raise cx.fail(f"x_zero_point has type {x_zero_point.dtype}, x has {x.dtype}")
-        dx = dx - _param(cx, "x_zero_point", x_zero_point, x.shape, axis, block_size).astype(wide)
+        dx = dx - _param(cx, "x_zero_point", x_zero_point, x.shape, axis, block_size).astype(sub)
+    dx = dx.astype(wide)
     scale = _param(cx, "x_scale", x_scale, x.shape, axis, block_size).astype(wide)
-    return (dx * scale).astype(out)
+    # rounded to float32 here, so that XLA cannot fuse the product into an FMA with a later Add
+    return (qmath.mul32(dx, scale) if wide == jnp.float32 else dx * scale).astype(out)
 
 
 @rule("DynamicQuantizeLinear", since=11)
 def dynamic_quantize_linear(cx, x):
-    """uint8 y, y_scale = (max(0, x) - min(0, x)) / 255, y_zero_point = round(-min / scale)."""
-    hi = jnp.maximum(jnp.max(x).astype(jnp.float32), 0.0)
-    lo = jnp.minimum(jnp.min(x).astype(jnp.float32), 0.0)
-    scale = jnp.where(hi == lo, jnp.float32(1.0), hi - lo) / jnp.float32(255)  # all zeros: 1/255
-    zp = jnp.round(jnp.clip(-lo / scale, 0, 255))
-    y = jnp.clip(jnp.round(x.astype(jnp.float32) / scale) + zp, 0, 255).astype(jnp.uint8)
-    return y, scale.astype(x.dtype), zp.astype(jnp.uint8)
-
-
-def _exact_float(k: int):
-    """A float type in which sums of k products of 8-bit integers are exact."""
-    return jnp.float32 if k * 255 * 255 < 2**24 else jnp.float64
-
-
-def _centered(v, zp, dtype):
-    """v - zero_point as integers held in a float type (exact for 8-bit data)."""
-    out = v.astype(dtype)
-    return out if zp is None else out - zp.astype(dtype)
+    """uint8 y, y_scale = (max(0, x) - min(0, x)) / 255, y_zero_point = round(-min / scale) (v11+)."""
+    y, scale, zp = qmath.dynamic_quantize(x)
+    return y, scale.astype(x.dtype), zp
 
 
 def _row_param(p):
@@ -144,51 +137,33 @@ def _row_param(p):
     return p.reshape(()) if p.size == 1 else p.reshape((p.shape[0], 1))
 
 
-def _requantize(cx, acc, multiplier, y_zero_point, like):
-    """y = saturate(round(acc * multiplier) + y_zero_point) in y_zero_point's type."""
-    target = np.dtype(y_zero_point.dtype if y_zero_point is not None else like.dtype)
-    if target in _INTEGER:
-        y = acc.astype(jnp.float32) * multiplier.astype(jnp.float32)
-        if y_zero_point is not None:
-            y = y + y_zero_point.astype(jnp.float32)
-        return _saturate_round(y, target)
-    return _to_quantized(cx, acc.astype(jnp.float32) * multiplier.astype(jnp.float32),
-                         y_zero_point, target, 1)
+def _qlinear_matmul_float8(cx, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale,
+                           y_zero_point):
+    """The float8 form: products of dequantized values, summed in float32."""
+    def centered(v, zp):
+        out = v.astype(jnp.float32)
+        return out if zp is None else out - zp.astype(jnp.float32)
+
+    acc = jnp.matmul(centered(a, _row_param(a_zero_point)), centered(b, b_zero_point),
+                     precision=lax.Precision.HIGHEST)
+    multiplier = _row_param(a_scale) * b_scale / y_scale
+    target = np.dtype(y_zero_point.dtype if y_zero_point is not None else a.dtype)
+    return _to_quantized(cx, acc * multiplier.astype(jnp.float32), y_zero_point, target, 1)
 
 
 @rule("QLinearMatMul", since=10)
 def qlinear_matmul(cx, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
-    """y = quantize((a - a_zp) @ (b - b_zp) * a_scale * b_scale / y_scale) (v10 8-bit ints;
+    """y = qmath.quantize((a - a_zp) @ (b - b_zp) * (a_scale * b_scale / y_scale)) (v10 8-bit ints;
     v21 float8 inputs and float16/bfloat16 scales)."""
     if a.ndim < 1 or b.ndim < 1:
         raise cx.fail("inputs must have rank >= 1")
-    fp8 = np.dtype(a.dtype) in _FLOAT8 or np.dtype(b.dtype) in _FLOAT8
-    dtype = jnp.float32 if fp8 else _exact_float(a.shape[-1])
-    acc = jnp.matmul(_centered(a, _row_param(a_zero_point), dtype), _centered(b, b_zero_point, dtype),
-                     precision=lax.Precision.HIGHEST)
-    # the scales multiply in their own type, as the formula is written
-    multiplier = _row_param(a_scale) * b_scale / y_scale
-    return _requantize(cx, acc, multiplier, y_zero_point, a)
-
-
-def _conv_padding(cx, spatial, kernel, strides, dilations, pads, auto_pad):
-    """(low, high) padding per spatial axis from pads or auto_pad."""
-    n = len(spatial)
-    if auto_pad in ("NOTSET", ""):
-        pads = pads or (0,) * (2 * n)
-        if len(pads) != 2 * n:
-            raise cx.fail(f"pads must have {2 * n} values, got {len(pads)}")
-        return [(pads[i], pads[i + n]) for i in range(n)]
-    if auto_pad == "VALID":
-        return [(0, 0)] * n
-    if auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
-        raise cx.fail(f"unknown auto_pad '{auto_pad}'")
-    out = []
-    for size, k, s, d in zip(spatial, kernel, strides, dilations):
-        total = max(0, (math.ceil(size / s) - 1) * s + (k - 1) * d + 1 - size)
-        small, big = total // 2, total - total // 2
-        out.append((small, big) if auto_pad == "SAME_UPPER" else (big, small))  # SAME_LOWER: extra first
-    return out
+    if np.dtype(a.dtype) in _FLOAT8 or np.dtype(b.dtype) in _FLOAT8:
+        return _qlinear_matmul_float8(cx, a, a_scale, a_zero_point, b, b_scale, b_zero_point,
+                                      y_scale, y_zero_point)
+    # int32 accumulation, then MlasRequantizeOutput with a_scale * b_scale / y_scale in float32
+    acc = qmath.int_matmul(a, b, _row_param(a_zero_point), b_zero_point)
+    multiplier = qmath.output_scale(_row_param(a_scale), b_scale, y_scale)
+    return qmath.requantize(acc, multiplier, y_zero_point, np.dtype(y_zero_point.dtype))
 
 
 def _per_channel(p, rank: int):
@@ -202,23 +177,12 @@ def _per_channel(p, rank: int):
 def qlinear_conv(cx, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point,
                  B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
                  strides=None):
-    """y = quantize(conv(x - x_zp, w - w_zp) + B, x_scale * w_scale / y_scale) (v10+)."""
+    """y = qmath.quantize(conv(x - x_zp, w - w_zp) + B, x_scale * w_scale / y_scale) (v10+)."""
+    s, padding, d = conv_window(cx, x, w, auto_pad=auto_pad, dilations=dilations, group=group,
+                                kernel_shape=kernel_shape, pads=pads, strides=strides)
+    acc = qmath.int_conv(x, w, x_zero_point.reshape(()), w_zero_point, s, padding, d, group)
     n = x.ndim - 2
-    if n < 1 or w.ndim != x.ndim:
-        raise cx.fail(f"x and w must have the same rank >= 3, got {x.shape} and {w.shape}")
-    kernel = tuple(w.shape[2:])
-    if kernel_shape and tuple(kernel_shape) != kernel:
-        raise cx.fail(f"kernel_shape {kernel_shape} differs from the weight's {kernel}")
-    strides = tuple(strides or (1,) * n)
-    dilations = tuple(dilations or (1,) * n)
-    dtype = _exact_float(w.shape[1] * math.prod(kernel))
-    padding = _conv_padding(cx, x.shape[2:], kernel, strides, dilations, pads, auto_pad)
-    acc = lax.conv_general_dilated(
-        _centered(x, x_zero_point, dtype), _centered(w, _per_channel(w_zero_point, w.ndim), dtype),
-        strides, padding, rhs_dilation=dilations, feature_group_count=group,
-        precision=lax.Precision.HIGHEST)
-    acc = acc.astype(jnp.int32)  # exact: integer sums held in a wide enough float
     if B is not None:
         acc = acc + B.astype(jnp.int32).reshape((-1,) + (1,) * n)
-    multiplier = x_scale * _per_channel(w_scale, n + 1) / y_scale
-    return _requantize(cx, acc, multiplier, y_zero_point, x)
+    multiplier = qmath.output_scale(x_scale.reshape(()), _per_channel(w_scale, n + 1), y_scale.reshape(()))
+    return qmath.requantize(acc, multiplier, y_zero_point.reshape(()), np.dtype(y_zero_point.dtype))

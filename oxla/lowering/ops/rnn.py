@@ -100,8 +100,12 @@ def _recur(cell: Cell, xw: Any, init: tuple, mask: Any, reverse: bool) -> tuple[
 
 
 def _layer(cx, X, W, R, B, sequence_lens, states: list, *, gates: int, direction: str,
-           hidden_size: int | None, layout: int, make_cell: Callable[[int, Any, Any], Cell]) -> tuple:
-    """The shared driver: returns Y and the final states, in the node's layout."""
+           hidden_size: int | None, layout: int, make_cell: Callable[[int, Any, Any], Cell],
+           project: Callable[[int, Any], Any] | None = None) -> tuple:
+    """The shared driver: returns Y and the final states, in the node's layout.
+
+    `project(d, X)` replaces the input projection X W[d]^T + Wb[d] (quantized variants).
+    """
     for name, v in (("X", X), ("W", W), ("R", R)):
         cx.expect_rank(name, v, 3)
     if layout not in (0, 1):
@@ -124,7 +128,10 @@ def _layer(cx, X, W, R, B, sequence_lens, states: list, *, gates: int, direction
         mask = (jnp.arange(T)[:, None] < jnp.reshape(sequence_lens, (1, batch)))[..., None]
     ys, finals = [], []
     for d, backward in enumerate(reverse):
-        xw = jnp.einsum("tbi,gi->tbg", X, W[d], precision=HIGHEST) + B[d, :gates * H]
+        if project is None:
+            xw = jnp.einsum("tbi,gi->tbg", X, W[d], precision=HIGHEST) + B[d, :gates * H]
+        else:
+            xw = project(d, X)
         cell = make_cell(d, R[d], B[d, gates * H:])
         y, final = _recur(cell, xw, tuple(s[d] for s in states), mask, backward)
         ys.append(y)
@@ -195,6 +202,18 @@ def lstm(cx, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None
          direction="forward", hidden_size=None, input_forget=0, layout=0):
     """i, f, o = f(.. + P*C), C_t = f*C_{t-1} + i*g(..), H_t = o*h(C_t); gates ordered i, o, f, c,
     peepholes i, o, f; returns Y, Y_h, Y_c  (v7+; v14+ layout)."""
+    return lstm_layer(cx, X, W, R, B, sequence_lens, initial_h, initial_c, P,
+                      activation_alpha=activation_alpha, activation_beta=activation_beta,
+                      activations=activations, clip=clip, direction=direction,
+                      hidden_size=hidden_size, input_forget=input_forget, layout=layout)
+
+
+def lstm_layer(cx, X, W, R, B, sequence_lens, initial_h, initial_c, P, *, activation_alpha,
+               activation_beta, activations, clip, direction, hidden_size, input_forget, layout,
+               recur: Callable[[int, Any, Any], Any] | None = None,
+               project: Callable[[int, Any], Any] | None = None) -> tuple:
+    """LSTM; `recur(d, h, R[d])` replaces h R[d]^T and `project` the input projection (the
+    quantized com.microsoft variant computes both as dynamically quantized int8 products)."""
     acts = _activations(cx, activations, activation_alpha, activation_beta,
                         ("Sigmoid", "Tanh", "Tanh"), W.shape[0])
     clipped = _clipper(clip)
@@ -206,7 +225,7 @@ def lstm(cx, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None
 
         def cell(carry: tuple, xw: Any) -> tuple:
             h, c = carry
-            z = xw + _dot(h, r) + rb
+            z = xw + (_dot(h, r) if recur is None else recur(d, h, r)) + rb
             i = f(clipped(z[:, :H] + p[:H] * c))
             # input_forget couples the gates: what is forgotten is what gets written.
             forget = 1 - i if input_forget else f(clipped(z[:, 2 * H:3 * H] + p[2 * H:] * c))
@@ -217,4 +236,4 @@ def lstm(cx, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None
 
     return _layer(cx, X, W, R, B, sequence_lens, [initial_h, initial_c], gates=4,
                   direction=direction, hidden_size=hidden_size, layout=layout,
-                  make_cell=make_cell)
+                  make_cell=make_cell, project=project)
