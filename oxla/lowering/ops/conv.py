@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from oxla.lowering.ops import conv_forms
 from oxla.lowering.registry import rule
 
 Pads = list[tuple[int, int]]
@@ -89,8 +90,7 @@ def _add_bias(y, b):
 
 # --- Conv ---------------------------------------------------------------------------------------
 
-def _conv(cx, x, w, *, auto_pad, dilations, group, kernel_shape, pads, strides,
-          preferred_element_type=None):
+def _conv(cx, x, w, *, auto_pad, dilations, group, kernel_shape, pads, strides):
     n = _check_conv_shapes(cx, x, w, group, kernel_shape)
     if x.shape[1] != w.shape[1] * group or w.shape[0] % group:
         raise cx.fail(f"X has {x.shape[1]} channels and W has shape {tuple(w.shape)}: with "
@@ -98,9 +98,10 @@ def _conv(cx, x, w, *, auto_pad, dilations, group, kernel_shape, pads, strides,
     s = spatial_ints(cx, "strides", strides, n, 1)
     d = spatial_ints(cx, "dilations", dilations, n, 1)
     padding = window_pads(cx, auto_pad, pads, x.shape[2:], w.shape[2:], s, d)
-    return lax.conv_general_dilated(
-        x, w, s, padding, rhs_dilation=d, dimension_numbers=_channels_first(n),
-        feature_group_count=group, preferred_element_type=preferred_element_type)
+    # XLA:CPU's grouped convolution is its slowest kernel: each shape class gets the form that
+    # ran fastest for it (conv_forms.choose, measured by benchmarks/conv.py)
+    form = conv_forms.choose(x.shape[2:], w.shape, s, padding, d, group)
+    return form(x, w, s, padding, d, group)
 
 
 @rule("Conv", since=1)
@@ -130,8 +131,7 @@ def conv_integer(cx, x, w, x_zero_point=None, w_zero_point=None, *, auto_pad="NO
         wi = wi - zp
     # padding adds zeros after the zero point is subtracted, i.e. pads X with x_zero_point
     return _conv(cx, xi, wi, auto_pad=auto_pad, dilations=dilations, group=group,
-                 kernel_shape=kernel_shape, pads=pads, strides=strides,
-                 preferred_element_type=jnp.int32)
+                 kernel_shape=kernel_shape, pads=pads, strides=strides)
 
 
 # --- ConvTranspose ------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -23,6 +23,11 @@ Pads = Sequence[tuple[int, int]]
 # Beyond this many terms per output XLA stops vectorizing a loop with a select per term (5x5
 # depthwise: scalar code, 6x slower): pad X once instead.  Measured by benchmarks/conv.py.
 FUSED_PAD_TERMS = 9
+# Up to this many terms per output (C/group * prod(K)) the fused multiply-adds beat every
+# dot-based form; beyond it one native convolution per group wins (1x1 kernels: one batched dot).
+TAPS_TERMS = 64
+
+Form = Callable[..., Any]
 
 
 def accumulator(dtype: Any) -> Any:
@@ -156,7 +161,7 @@ def taps_flat(x: Any, w: Any, strides: Sequence[int], padding: Pads, dilations: 
                    [(0, 0, 0), (0, 0, 0), (front, back, 0)])
     y = jnp.zeros((n, group, m // group, span), acc)
     for inner_tap in itertools.product(*[range(k) for k in kernel[1:]]):
-        part = None
+        part: Any = None
         for i in range(kernel[0]):
             tap = (i, *inner_tap)
             at = sum(t * d * p for t, d, p in zip(tap, dilations, place))
@@ -176,7 +181,7 @@ def im2col(x: Any, w: Any, strides: Sequence[int], padding: Pads, dilations: Seq
     out = out_sizes(x.shape[2:], padding, kernel, strides, dilations)
     xp = pad(x, padding)
     nopad = [(0, 0)] * len(kernel)
-    wins = [window(xp, tap, out, strides, nopad, dilations)
+    wins: list[Any] = [window(xp, tap, out, strides, nopad, dilations)
             for tap in itertools.product(*[range(k) for k in kernel])]
     # cols (N, C, K, *O) -> (N, G, Cg*K, P); W (M, Cg, *K) -> (G, M/G, Cg*K): same (c, k) order
     cols = jnp.stack(wins, axis=2).reshape((n, group, cg * math.prod(kernel), math.prod(out)))
@@ -194,12 +199,15 @@ def split(x: Any, w: Any, strides: Sequence[int], padding: Pads, dilations: Sequ
     return jnp.concatenate(ys, axis=1)
 
 
-def block_diagonal(x: Any, w: Any, strides: Sequence[int], padding: Pads,
-                   dilations: Sequence[int], group: int) -> Any:
-    """A dense native convolution with a block-diagonal kernel (group times the flops)."""
-    m, cg = w.shape[:2]
-    mg = m // group
-    eye = jnp.eye(group, dtype=w.dtype).reshape((group, 1, group, 1) + (1,) * (w.ndim - 2))
-    # wd[g*mg + i, h*cg + j] = w[g*mg + i, j] if g == h else 0
-    wd = (w.reshape((group, mg, 1, cg, *w.shape[2:])) * eye).reshape((m, group * cg, *w.shape[2:]))
-    return native(x, wd, strides, padding, dilations, 1)
+def choose(sizes: Sequence[int], w_shape: Sequence[int], strides: Sequence[int], padding: Pads,
+           dilations: Sequence[int], group: int) -> Form:
+    """The form of a convolution that ran fastest for its class (benchmarks/conv.py)."""
+    if group == 1:
+        return native
+    kernel = tuple(w_shape[2:])
+    terms = w_shape[1] * math.prod(kernel)
+    if terms <= TAPS_TERMS:
+        if terms > FUSED_PAD_TERMS and flat_fits(sizes, padding, kernel, strides, dilations):
+            return taps_flat
+        return taps
+    return im2col if math.prod(kernel) == 1 else split
