@@ -24,8 +24,12 @@ Pads = Sequence[tuple[int, int]]
 # depthwise: scalar code, 6x slower): pad X once instead.  Measured by benchmarks/conv.py.
 FUSED_PAD_TERMS = 9
 # Up to this many terms per output (C/group * prod(K)) the fused multiply-adds beat every
-# dot-based form; beyond it one native convolution per group wins (1x1 kernels: one batched dot).
-TAPS_TERMS = 64
+# dot-based form when the flat form applies (stride 1, same size): won at 72 (8 channels per
+# group, 3x3), lost at 108. Otherwise (strided, padded X): won at 25 (5x5 depthwise, stride 2),
+# lost at 72 (stride 2, 8 per group). Past them one native convolution per group wins, or for
+# 1x1 kernels one batched dot.
+FLAT_TAPS_TERMS = 72
+GRID_TAPS_TERMS = 25
 
 Form = Callable[..., Any]
 
@@ -206,8 +210,10 @@ def choose(sizes: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
         return native
     kernel = tuple(w_shape[2:])
     terms = w_shape[1] * math.prod(kernel)
-    if terms <= TAPS_TERMS:
-        if terms > FUSED_PAD_TERMS and flat_fits(sizes, padding, kernel, strides, dilations):
-            return taps_flat
+    if terms <= FUSED_PAD_TERMS:
+        return taps
+    if terms <= FLAT_TAPS_TERMS and flat_fits(sizes, padding, kernel, strides, dilations):
+        return taps_flat
+    if terms <= GRID_TAPS_TERMS:
         return taps
     return im2col if math.prod(kernel) == 1 else split
