@@ -33,7 +33,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from benchmarks.run import write_section
 
-FORMS = ("native", "taps", "taps_flat", "im2col", "split")
+FORMS = ("native", "taps", "taps_flat", "dot", "split")
 MAX_TAPS_TERMS = 150  # beyond this the fused sum compiles for minutes and runs slowly: not tried
 
 
@@ -73,6 +73,9 @@ SHAPES = (
     Shape("AlexNet 3x3 g2 96->256@27", "grouped", 96, 27, 256, 2, 3),
     Shape("dense 3x3 64@56", "dense", 64, 56, 64, 1, 3),
     Shape("dense 1x1 96->24@56", "dense", 96, 56, 24, 1, 1),
+    Shape("dense 1x1 16->64@32", "dense", 16, 32, 64, 1, 1),
+    Shape("dense 1x1 256->1024@14", "dense", 256, 14, 1024, 1, 1),
+    Shape("dense 1x1 s2 256->512@56", "dense", 256, 56, 512, 1, 1, 2),
     Shape("stem 3x3 s2 3->16@64", "dense", 3, 64, 16, 1, 3, 2),
 )
 
@@ -117,8 +120,10 @@ def _forms(s: Shape) -> list[str]:
     if s.group > 1 or terms <= 30:
         out += ["taps"] if terms <= MAX_TAPS_TERMS else []
         out += ["taps_flat"] if terms <= MAX_TAPS_TERMS and F.flat_fits((s.size,) * 2, pads, k, st, (1, 1)) else []
+    if s.group > 1 or s.k == 1:
+        out += ["dot"]
     if s.group > 1:
-        out += ["im2col", "split"]
+        out += ["split"]
     return out
 
 
@@ -176,6 +181,62 @@ def measure(s: Shape, threads: int, rounds: int) -> Row:
                med.pop("oxla_floor"), med.pop("ort_floor"), med)
 
 
+@dataclass
+class ModelRow:
+    model: str
+    batch: int
+    ort_ms: float
+    before_ms: float
+    after_ms: float
+    max_diff: float
+
+
+def _native_only(*_: Any) -> Callable[..., Any]:
+    from oxla.lowering.ops import conv_forms
+
+    return conv_forms.native
+
+
+def measure_model(path: str, batch: int, rounds: int) -> ModelRow:
+    """A whole model: oxla before (XLA's native conv everywhere) and after this rule, and onnxruntime."""
+    import onnxruntime as ort
+
+    import oxla
+    from oxla.lowering.ops import conv_forms
+
+    feeds = {"image": np.random.default_rng(0).standard_normal((batch, 3, 64, 64)).astype(np.float32)}
+    ort_sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    after = oxla.InferenceSession(path)
+    want = ort_sess.run(None, feeds)[0]
+    got = after.run(None, feeds)[0]  # compiles with the rule
+    chosen = conv_forms.choose
+    conv_forms.choose = _native_only  # type: ignore[assignment]  # "before": what Conv did
+    try:
+        before = oxla.InferenceSession(path)
+        before.run(None, feeds)  # compiles now, while the patch holds
+    finally:
+        conv_forms.choose = chosen  # type: ignore[assignment]
+    calls = {"ort": lambda: ort_sess.run(None, feeds), "before": lambda: before.run(None, feeds),
+             "after": lambda: after.run(None, feeds)}
+    per_block = {name: max(1, int(20.0 / max(_block(fn, 3), 1e-3))) for name, fn in calls.items()}
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            times[name].append(_block(fn, per_block[name]))
+    med = {name: statistics.median(t) for name, t in times.items()}
+    diff = float(np.max(np.abs(np.asarray(got) - want)) / max(float(np.max(np.abs(want))), 1e-30))
+    return ModelRow(Path(path).stem, batch, med["ort"], med["before"], med["after"], diff)
+
+
+def model_table(rows: list[ModelRow]) -> str:
+    lines = ["| model | batch | onnxruntime ms | oxla before ms | oxla after ms | before / ort | "
+             "after / ort | max diff / max abs |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.model} | {r.batch} | {r.ort_ms:.3f} | {r.before_ms:.3f} | {r.after_ms:.3f} | "
+                     f"{r.before_ms / r.ort_ms:.2f}x | {r.after_ms / r.ort_ms:.2f}x | {r.max_diff:.1e} |")
+    return "\n".join(lines)
+
+
 def _child(threads: int, rounds: int, only: str) -> list[Row]:
     cmd = [sys.executable, "-m", "benchmarks.conv", "--one", str(threads), "--rounds", str(rounds),
            "--only", only]
@@ -189,6 +250,15 @@ def _child(threads: int, rounds: int, only: str) -> list[Row]:
     if proc.returncode != 0:
         raise SystemExit(f"threads={threads} failed:\n{proc.stderr[-3000:]}")
     return [Row(**json.loads(line)) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def _model_child(path: str, batch: int, rounds: int) -> ModelRow:
+    cmd = [sys.executable, "-m", "benchmarks.conv", "--one-model", path, str(batch), "--rounds", str(rounds)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                          cwd=Path(__file__).resolve().parent.parent)
+    if proc.returncode != 0:
+        raise SystemExit(f"{path} failed:\n{proc.stderr[-3000:]}")
+    return ModelRow(**json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
 def table(rows: list[Row]) -> str:
@@ -212,16 +282,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--only", default="", help="only shapes whose name or kind contains this")
     parser.add_argument("--write", help="write the table as a section of this markdown file")
+    parser.add_argument("--models", default="", help="also whole models, e.g. models/mobilenet_small.onnx,...")
+    parser.add_argument("--batches", default="1,8", help="batch sizes for --models")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--one-model", nargs=2, metavar=("PATH", "BATCH"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     shapes = [s for s in SHAPES if args.only in s.name or args.only == s.kind]
+    if args.one_model:
+        print(json.dumps(asdict(measure_model(args.one_model[0], int(args.one_model[1]), args.rounds))))
+        return 0
     if args.one is not None:  # a child: one thread setting, a JSON line per shape
         for s in shapes:
             print(json.dumps(asdict(measure(s, args.one, args.rounds))), flush=True)
         return 0
-    rows = [r for t in args.threads.split(",") for r in _child(int(t), args.rounds, args.only)]
+    models = [_model_child(p, int(b), args.rounds) for p in args.models.split(",") if p
+              for b in args.batches.split(",")]
+    rows = [r for t in args.threads.split(",") if t for r in _child(int(t), args.rounds, args.only)]
     rows.sort(key=lambda r: ([s.name for s in SHAPES].index(r.shape), r.threads))
-    text = table(rows)
+    text = table(rows) + ("\n\nWhole models (default threads):\n\n" + model_table(models) if models else "")
     print(text)
     if args.write:
         import jax

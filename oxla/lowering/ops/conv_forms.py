@@ -106,7 +106,7 @@ def taps(x: Any, w: Any, strides: Sequence[int], padding: Pads, dilations: Seque
          group: int) -> Any:
     """Y as a sum of C/group * prod(K) broadcast multiply-adds over shifted windows of X.
 
-    XLA fuses the whole sum into one vectorized loop over Y: no im2col buffer, no dot. Each
+    XLA fuses the whole sum into one vectorized loop over Y: no dot buffer, no dot. Each
     output reads C/group * prod(K) inputs, so this suits depthwise and narrow groups.
     """
     n = x.shape[0]
@@ -176,9 +176,13 @@ def taps_flat(x: Any, w: Any, strides: Sequence[int], padding: Pads, dilations: 
     return y.reshape((n, m, rows, *sizes[1:])).astype(x.dtype)
 
 
-def im2col(x: Any, w: Any, strides: Sequence[int], padding: Pads, dilations: Sequence[int],
+def dot(x: Any, w: Any, strides: Sequence[int], padding: Pads, dilations: Sequence[int],
            group: int) -> Any:
-    """Per group, the kernel taps' windows stacked (im2col) and contracted in one batched dot."""
+    """Per group, the kernel taps' windows stacked (im2col) and contracted in one batched dot.
+
+    With a 1x1 kernel nothing is stacked: Y = W @ X per image, where XLA:CPU's native conv
+    copies X to channels-last and back.
+    """
     n = x.shape[0]
     m, cg = w.shape[:2]
     kernel = tuple(w.shape[2:])
@@ -206,9 +210,10 @@ def split(x: Any, w: Any, strides: Sequence[int], padding: Pads, dilations: Sequ
 def choose(sizes: Sequence[int], w_shape: Sequence[int], strides: Sequence[int], padding: Pads,
            dilations: Sequence[int], group: int) -> Form:
     """The form of a convolution that ran fastest for its class (benchmarks/conv.py)."""
-    if group == 1:
-        return native
     kernel = tuple(w_shape[2:])
+    pointwise = math.prod(kernel) == 1
+    if group == 1:
+        return dot if pointwise else native
     terms = w_shape[1] * math.prod(kernel)
     if terms <= FUSED_PAD_TERMS:
         return taps
@@ -216,4 +221,4 @@ def choose(sizes: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
         return taps_flat
     if terms <= GRID_TAPS_TERMS:
         return taps
-    return im2col if math.prod(kernel) == 1 else split
+    return dot if pointwise else split
