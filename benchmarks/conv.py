@@ -295,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         for s in shapes:
             print(json.dumps(asdict(measure(s, args.one, args.rounds))), flush=True)
         return 0
+    load = os.getloadavg()[0]
     models = [_model_child(p, int(b), args.rounds) for p in args.models.split(",") if p
               for b in args.batches.split(",")]
     rows = [r for t in args.threads.split(",") if t for r in _child(int(t), args.rounds, args.only)]
@@ -309,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         header = (f"Command: `{command}`\n\nMachine: {platform.machine()}, {os.cpu_count()} cores; "
                   f"jax {jax.__version__}, onnxruntime {onnxruntime.__version__}. Times are medians "
                   f"of {args.rounds} interleaved blocks; form columns are raw `jax.jit` of each "
-                  f"conv_forms form; 'oxla session' is `oxla.InferenceSession` on the one-node model.\n\n")
+                  f"conv_forms form; 'oxla session' is `oxla.InferenceSession` on the one-node model. "
+                  f"Load average (1 min) {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.\n\n")
         write_section(Path(args.write), "Convolutions", header + text + "\n")
     return 0
 
