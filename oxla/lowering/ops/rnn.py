@@ -154,8 +154,12 @@ def _layer(cx, X, W, R, B, sequence_lens, states: list, *, gates: int, direction
 
 
 def _dot(h, w):
-    """h [dirs, batch, H] times the transpose of w [dirs, k, H], per direction."""
-    return jnp.einsum("dbh,dkh->dbk", h, w, precision=HIGHEST)
+    """h [dirs, batch, H] times the transpose of w [dirs, k, H], per direction.
+
+    One plain dot per direction: XLA:CPU ran the batched form (einsum over dirs) 1.5-3x slower
+    at batch 8, even with a single direction.
+    """
+    return jnp.stack([jnp.dot(h[d], w[d].T, precision=HIGHEST) for d in range(h.shape[0])])
 
 
 @rule("RNN", since=7)
