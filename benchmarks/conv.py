@@ -7,7 +7,7 @@ an OIHW argument), oxla's InferenceSession on a one-node model (the form the rul
 stored the way sessions store it) and onnxruntime on the same model. Each thread setting runs
 in its own process: threads 0 is both runtimes' default; threads 1 is onnxruntime with
 intra_op_num_threads=1 and XLA with --xla_cpu_multi_thread_eigen=false, both pinned to one core
-with taskset. Within a process the candidates are timed in interleaved blocks (~10 ms of calls
+with taskset. Within a process the candidates are timed in interleaved blocks (~3 ms of calls
 each) over --rounds rounds; a time is the median over rounds of the per-call mean of a block.
 """
 
@@ -170,7 +170,7 @@ def measure(s: Shape, threads: int, rounds: int) -> Row:
         got = np.asarray(fn()[0] if name in ("ort", "oxla") else fn())
         np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * float(np.abs(want).max()),
                                    err_msg=f"{s.name}: {name}")
-    per_block = {name: max(1, int(10.0 / max(_block(fn, 3), 1e-3))) for name, fn in calls.items()}
+    per_block = {name: max(1, int(3.0 / max(_block(fn, 3), 1e-3))) for name, fn in calls.items()}
     times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(rounds):
         for name, fn in calls.items():
@@ -279,7 +279,7 @@ def table(rows: list[Row]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", default="0,1", help="thread settings: 0 = default, 1 = one thread")
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--only", default="", help="only shapes whose name or kind contains this")
     parser.add_argument("--write", help="write the table as a section of this markdown file")
     parser.add_argument("--models", default="", help="also whole models, e.g. models/mobilenet_small.onnx,...")
