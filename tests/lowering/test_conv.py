@@ -37,6 +37,100 @@ def test_conv(case: str) -> None:
     check_node("Conv", inputs, rtol=1e-4, atol=1e-5, **attrs)
 
 
+# Shapes that send Conv down each form conv_forms.choose picks from; the id names the form.
+FORM_CASES = {
+    "taps-depthwise-3x3": ({"x": rand(2, 6, 9, 8), "w": rand(6, 1, 3, 3), "b": rand(6)},
+                           {"group": 6, "pads": [1, 1, 1, 1]}),
+    "taps-depthwise-multiplier-strides": ({"x": rand(1, 3, 9, 10), "w": rand(6, 1, 3, 3)},
+                                          {"group": 3, "strides": [2, 3], "pads": [0, 1, 2, 1]}),
+    "taps-depthwise-dilations-same-lower": ({"x": rand(1, 4, 9, 8), "w": rand(4, 1, 2, 3)},
+                                            {"group": 4, "dilations": [2, 2], "auto_pad": "SAME_LOWER"}),
+    "taps-depthwise-valid": ({"x": rand(1, 4, 7, 8), "w": rand(4, 1, 3, 3)},
+                             {"group": 4, "auto_pad": "VALID", "strides": [2, 2]}),
+    "taps-depthwise-5x5-stride2": ({"x": rand(2, 4, 11, 9), "w": rand(4, 1, 5, 5), "b": rand(4)},
+                                   {"group": 4, "strides": [2, 2], "pads": [2, 2, 2, 2]}),
+    "taps_flat-depthwise-5x5-same-upper": ({"x": rand(2, 5, 8, 7), "w": rand(5, 1, 5, 5), "b": rand(5)},
+                                           {"group": 5, "auto_pad": "SAME_UPPER"}),
+    "taps_flat-groups-4-per-group": ({"x": rand(1, 8, 6, 7), "w": rand(4, 4, 3, 3)},
+                                     {"group": 2, "pads": [1, 1, 1, 1], "dilations": [1, 1]}),
+    "taps_flat-dilated-rows-only-pad": ({"x": rand(1, 4, 9, 6), "w": rand(4, 2, 3, 3)},
+                                        {"group": 2, "dilations": [2, 1], "pads": [0, 1, 0, 1]}),
+    "taps-1d-depthwise": ({"x": rand(2, 3, 12), "w": rand(6, 1, 3)}, {"group": 3, "pads": [1, 2]}),
+    "taps_flat-1d-groups": ({"x": rand(2, 8, 12), "w": rand(4, 4, 3)}, {"group": 2, "pads": [1, 1]}),
+    "taps-3d-depthwise": ({"x": rand(1, 3, 5, 6, 4), "w": rand(3, 1, 2, 3, 2)},
+                          {"group": 3, "strides": [1, 2, 1], "pads": [1, 0, 1, 0, 1, 0]}),
+    "taps_flat-3d-depthwise-same": ({"x": rand(1, 2, 4, 5, 6), "w": rand(2, 1, 3, 3, 3)},
+                                    {"group": 2, "pads": [1, 1, 1, 1, 1, 1]}),
+    "split-groups-16-per-group": ({"x": rand(1, 32, 6, 5), "w": rand(6, 16, 3, 3), "b": rand(6)},
+                                  {"group": 2, "strides": [2, 1], "pads": [1, 1, 1, 1]}),
+    "dot-grouped-1x1": ({"x": rand(2, 160, 4, 3), "w": rand(6, 80, 1, 1)}, {"group": 2}),
+    "dot-dense-1x1": ({"x": rand(2, 5, 4, 3), "w": rand(7, 5, 1, 1), "b": rand(7)}, {}),
+    "dot-dense-1x1-strides-pads": ({"x": rand(1, 5, 7, 6), "w": rand(3, 5, 1, 1)},
+                                   {"strides": [2, 3], "pads": [1, 0, 0, 2]}),
+    "dot-dense-1x1-3d": ({"x": rand(1, 4, 3, 2, 5), "w": rand(2, 4, 1, 1, 1)}, {}),
+}
+
+
+def _chosen(inputs: dict, attrs: dict) -> str:
+    from oxla.lowering.ops import conv_forms
+    from oxla.lowering.ops.conv import window_pads
+
+    x, w = inputs["x"], inputs["w"]
+    n = x.ndim - 2
+    s, d = attrs.get("strides", [1] * n), attrs.get("dilations", [1] * n)
+    pads = window_pads(None, attrs.get("auto_pad", "NOTSET"), attrs.get("pads"), x.shape[2:],
+                       w.shape[2:], s, d)
+    return conv_forms.choose(x.shape[2:], w.shape, s, pads, d, attrs.get("group", 1)).__name__
+
+
+@pytest.mark.parametrize("case", FORM_CASES, ids=lambda c: f"Conv-{c}")
+def test_conv_forms(case: str) -> None:
+    inputs, attrs = FORM_CASES[case]
+    assert _chosen(inputs, attrs) == case.split("-")[0]
+    # onnxruntime refuses dilations with SAME_* auto_pad; onnx.reference computes them
+    ort = not (attrs.get("auto_pad", "").startswith("SAME") and "dilations" in attrs)
+    check_node("Conv", inputs, ort=ort, rtol=1e-4, atol=1e-4, **attrs)
+
+
+def test_conv_depthwise_weights_stored_by_the_session() -> None:
+    # sessions store W as HWIO behind a Transpose (WeightLayoutPass): the forms read it through it
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    import oxla
+    from oxla.passes.weight_layout import SUFFIX
+    from tests.lowering.util import node_model
+
+    x, w, b = rand(2, 8, 10, 10), rand(16, 1, 5, 5), rand(16)
+    model = node_model("Conv", {"x": x}, group=8, pads=[2, 2, 2, 2])
+    model.graph.node[0].input.extend(["w", "b"])
+    model.graph.initializer.extend([numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    data = model.SerializeToString()
+    sess = oxla.InferenceSession(data)
+    assert "w" + SUFFIX in sess.compiled.params
+    got = sess.run(None, {"x": x})[0]
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, "bfloat16", np.float64])
+@pytest.mark.parametrize("case", ["taps-depthwise-3x3", "taps_flat-depthwise-5x5-same-upper",
+                                  "dot-dense-1x1", "split-groups-16-per-group"])
+def test_conv_forms_dtypes(case: str, dtype: object) -> None:
+    # onnxruntime's CPU Conv has no float64/bfloat16 kernels: compare with float64 numpy maths
+    import ml_dtypes
+
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)  # type: ignore[call-overload]
+    inputs, attrs = FORM_CASES[case]
+    typed = {k: None if v is None else v.astype(dt) for k, v in inputs.items()}
+    wide = {k: None if v is None else v.astype(np.float64) for k, v in typed.items()}
+    got = check_node("Conv", typed, ort=False, reference=False, **attrs)[0]
+    want = check_node("Conv", wide, ort=False, reference=True, rtol=1e-10, atol=1e-10, **attrs)[0]
+    assert got.dtype == dt
+    tol = 1e-10 if dt == np.float64 else 2e-2
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol * np.abs(want).max())
+
+
 def test_conv_float64() -> None:
     # onnxruntime's CPU provider has no float64 Conv
     x, w = rand(1, 2, 5, 5, dtype=np.float64), rand(2, 2, 2, 2, dtype=np.float64)

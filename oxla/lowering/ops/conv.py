@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from oxla.lowering.ops import conv_forms
 from oxla.lowering.ops.qmath import int_conv
 from oxla.lowering.registry import rule
 
@@ -90,8 +91,7 @@ def _add_bias(y, b):
 
 # --- Conv ---------------------------------------------------------------------------------------
 
-def _conv(cx, x, w, *, auto_pad, dilations, group, kernel_shape, pads, strides,
-          preferred_element_type=None):
+def _conv(cx, x, w, *, auto_pad, dilations, group, kernel_shape, pads, strides):
     n = _check_conv_shapes(cx, x, w, group, kernel_shape)
     if x.shape[1] != w.shape[1] * group or w.shape[0] % group:
         raise cx.fail(f"X has {x.shape[1]} channels and W has shape {tuple(w.shape)}: with "
@@ -99,9 +99,10 @@ def _conv(cx, x, w, *, auto_pad, dilations, group, kernel_shape, pads, strides,
     s = spatial_ints(cx, "strides", strides, n, 1)
     d = spatial_ints(cx, "dilations", dilations, n, 1)
     padding = window_pads(cx, auto_pad, pads, x.shape[2:], w.shape[2:], s, d)
-    return lax.conv_general_dilated(
-        x, w, s, padding, rhs_dilation=d, dimension_numbers=_channels_first(n),
-        feature_group_count=group, preferred_element_type=preferred_element_type)
+    # XLA:CPU's grouped convolution is its slowest kernel: each shape class gets the form that
+    # ran fastest for it (conv_forms.choose, measured by benchmarks/conv.py)
+    form = conv_forms.choose(x.shape[2:], w.shape, s, padding, d, group)
+    return form(x, w, s, padding, d, group)
 
 
 @rule("Conv", since=1)

@@ -41,6 +41,7 @@ _ACTIVATIONS: dict[str, tuple[Callable[[Any, Any, Any], Any], float | None, floa
 def _apply(f: Any, alpha: Any, beta: Any, x: Any) -> Any:
     return f(x, alpha, beta)
 
+
 def _activations(cx, names: Sequence[str] | None, alphas: Sequence[float] | None,
                  betas: Sequence[float] | None, defaults: tuple[str, ...], dirs: int) -> list[list[Act]]:
     """Per direction, the activation functions (alpha/beta lists are consumed in order)."""
@@ -126,6 +127,9 @@ def _layer(cx, X, W, R, B, sequence_lens, states: list, *, gates: int, direction
     mask = None
     if sequence_lens is not None:
         mask = (jnp.arange(T)[:, None] < jnp.reshape(sequence_lens, (1, batch)))[..., None]
+    # the input projection of every step is one dot, hoisted out of the time loop. Directions
+    # stay separate scans: one scan over both (a dot per direction per step) ran 1.2-1.5x slower
+    # on XLA:CPU, presumably because the two independent loops overlap
     ys, finals = [], []
     for d, backward in enumerate(reverse):
         if project is None:
@@ -183,10 +187,14 @@ def gru(cx, X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_a
 
         def cell(carry: tuple, xw: Any) -> tuple:
             (h,) = carry
-            zr = xw[:, :2 * H] + _dot(h, r[:2 * H]) + rb[:2 * H]
+            if linear_before_reset:  # one dot per step for all three gates
+                hr = _dot(h, r) + rb
+                zr, hh = xw[:, :2 * H] + hr[:, :2 * H], hr[:, 2 * H:]
+            else:
+                zr = xw[:, :2 * H] + _dot(h, r[:2 * H]) + rb[:2 * H]
             z, reset = f(clipped(zr[:, :H])), f(clipped(zr[:, H:]))
             if linear_before_reset:
-                cand = xw[:, 2 * H:] + reset * (_dot(h, r[2 * H:]) + rb[2 * H:])
+                cand = xw[:, 2 * H:] + reset * hh
             else:
                 cand = xw[:, 2 * H:] + _dot(reset * h, r[2 * H:]) + rb[2 * H:]
             return ((1 - z) * g(clipped(cand)) + z * h,)

@@ -1,0 +1,320 @@
+"""Convolution forms against onnxruntime's Conv, per shape class: the measurements behind conv_forms.choose.
+
+    python -m benchmarks.conv [--threads 0,1] [--rounds 7] [--only depthwise] [--write docs/benchmarks.md]
+
+For each shape: XLA's native convolution, each candidate form of conv_forms (raw jax.jit, W as
+an OIHW argument), oxla's InferenceSession on a one-node model (the form the rule chose, W
+stored the way sessions store it) and onnxruntime on the same model. Each thread setting runs
+in its own process: threads 0 is both runtimes' default; threads 1 is onnxruntime with
+intra_op_num_threads=1 and XLA with --xla_cpu_multi_thread_eigen=false, both pinned to one core
+with taskset. Within a process the candidates are timed in interleaved blocks (~3 ms of calls
+each) over --rounds rounds; a time is the median over rounds of the per-call mean of a block.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+from benchmarks.run import write_section
+
+FORMS = ("native", "taps", "taps_flat", "dot", "split")
+MAX_TAPS_TERMS = 150  # beyond this the fused sum compiles for minutes and runs slowly: not tried
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One Conv: X (1, c, size, size), W (m, c/group, k, k), pads k//2 (same), stride."""
+
+    name: str
+    kind: str
+    c: int
+    size: int
+    m: int
+    group: int
+    k: int
+    stride: int = 1
+
+
+SHAPES = (
+    Shape("MobileNetV2 dw 3x3 s1 96@56", "depthwise", 96, 56, 96, 96, 3),
+    Shape("MobileNetV2 dw 3x3 s2 96@56", "depthwise", 96, 56, 96, 96, 3, 2),
+    Shape("MobileNetV2 dw 3x3 s1 32@112", "depthwise", 32, 112, 32, 32, 3),
+    Shape("MobileNetV2 dw 3x3 s1 144@28", "depthwise", 144, 28, 144, 144, 3),
+    Shape("MobileNetV2 dw 3x3 s1 576@14", "depthwise", 576, 14, 576, 576, 3),
+    Shape("MobileNetV2 dw 3x3 s1 960@7", "depthwise", 960, 7, 960, 960, 3),
+    Shape("MnasNet dw 5x5 s1 144@28", "depthwise", 144, 28, 144, 144, 5),
+    Shape("MnasNet dw 5x5 s2 144@56", "depthwise", 144, 56, 144, 144, 5, 2),
+    Shape("EfficientNet dw 5x5 s1 240@14", "depthwise", 240, 14, 240, 240, 5),
+    Shape("EfficientNet dw 5x5 s1 960@7", "depthwise", 960, 7, 960, 960, 5),
+    Shape("dw multiplier 2, 3x3 s1 32@56", "depthwise", 32, 56, 64, 32, 3),
+    Shape("ResNeXt 3x3 g32 128@56 (4/group)", "grouped", 128, 56, 128, 32, 3),
+    Shape("ResNeXt 3x3 g32 256@28 (8/group)", "grouped", 256, 28, 256, 32, 3),
+    Shape("ResNeXt 3x3 s2 g32 256@56 (8/group)", "grouped", 256, 56, 256, 32, 3, 2),
+    Shape("ResNeXt 3x3 g32 512@14 (16/group)", "grouped", 512, 14, 512, 32, 3),
+    Shape("RegNet 3x3 g8 96@28 (12/group)", "grouped", 96, 28, 96, 8, 3),
+    Shape("RegNet 3x3 g8 64@56 (8/group)", "grouped", 64, 56, 64, 8, 3),
+    Shape("ShuffleNet 1x1 g3 240->60@28", "grouped", 240, 28, 60, 3, 1),
+    Shape("AlexNet 3x3 g2 96->256@27", "grouped", 96, 27, 256, 2, 3),
+    Shape("dense 3x3 64@56", "dense", 64, 56, 64, 1, 3),
+    Shape("dense 1x1 96->24@56", "dense", 96, 56, 24, 1, 1),
+    Shape("dense 1x1 16->64@32", "dense", 16, 32, 64, 1, 1),
+    Shape("dense 1x1 256->1024@14", "dense", 256, 14, 1024, 1, 1),
+    Shape("dense 1x1 s2 256->512@56", "dense", 256, 56, 512, 1, 1, 2),
+    Shape("stem 3x3 s2 3->16@64", "dense", 3, 64, 16, 1, 3, 2),
+)
+
+
+@dataclass
+class Row:
+    shape: str
+    kind: str
+    threads: int
+    ort_ms: float
+    oxla_ms: float
+    chosen: str
+    oxla_floor_ms: float
+    ort_floor_ms: float
+    forms_ms: dict[str, float] = field(default_factory=dict)
+
+
+def one_node(x: np.ndarray, w: np.ndarray, s: Shape) -> bytes:
+    """A one-node Conv model with W as an initializer."""
+    p = s.k // 2
+    node = helper.make_node("Conv", ["x", "w"], ["y"], group=s.group, strides=[s.stride] * 2,
+                            pads=[p] * 4)
+    graph = helper.make_graph([node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_empty_tensor_value_info("y")], [numpy_helper.from_array(w, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9).SerializeToString()
+
+
+def relu_node(x: np.ndarray) -> bytes:
+    """A one-node Relu on X: what a session call costs beyond the convolution."""
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_empty_tensor_value_info("y")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9).SerializeToString()
+
+
+def _forms(s: Shape) -> list[str]:
+    from oxla.lowering.ops import conv_forms as F
+
+    terms = s.c // s.group * s.k * s.k
+    pads, k, st = [(s.k // 2,) * 2] * 2, (s.k,) * 2, (s.stride,) * 2
+    out = ["native"]
+    if s.group > 1 or terms <= 30:
+        out += ["taps"] if terms <= MAX_TAPS_TERMS else []
+        out += ["taps_flat"] if terms <= MAX_TAPS_TERMS and F.flat_fits((s.size,) * 2, pads, k, st, (1, 1)) else []
+    if s.group > 1 or s.k == 1:
+        out += ["dot"]
+    if s.group > 1:
+        out += ["split"]
+    return out
+
+
+def _block(fn: Callable[[], Any], calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls * 1e3
+
+
+def measure(s: Shape, threads: int, rounds: int) -> Row:
+    """Time every candidate of one shape in this process, interleaved."""
+    import jax
+    import onnxruntime as ort
+
+    import oxla
+    from oxla.lowering.ops import conv_forms as F
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, s.c, s.size, s.size)).astype(np.float32)
+    w = rng.standard_normal((s.m, s.c // s.group, s.k, s.k)).astype(np.float32)
+    pads, st = [(s.k // 2,) * 2] * 2, (s.stride,) * 2
+    model = one_node(x, w, s)
+    opts = ort.SessionOptions()
+    if threads:
+        opts.intra_op_num_threads = threads
+    ort_sess = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+    ox_sess = oxla.InferenceSession(model)
+    ort_relu = ort.InferenceSession(relu_node(x), opts, providers=["CPUExecutionProvider"])
+    ox_relu = oxla.InferenceSession(relu_node(x))
+    xj, wj = jax.numpy.asarray(x), jax.numpy.asarray(w)
+    calls: dict[str, Callable[[], Any]] = {"ort": lambda: ort_sess.run(None, {"x": x}),
+                                           "oxla": lambda: ox_sess.run(None, {"x": x}),
+                                           "ort_floor": lambda: ort_relu.run(None, {"x": x}),
+                                           "oxla_floor": lambda: ox_relu.run(None, {"x": x})}
+    for name in _forms(s):
+        f = jax.jit(functools.partial(getattr(F, name), strides=st, padding=pads, dilations=(1, 1),
+                                      group=s.group))
+        calls[name] = lambda f=f: f(xj, wj).block_until_ready()
+    want = calls["ort"]()[0]
+    for name, fn in calls.items():
+        if name.endswith("_floor"):
+            continue
+        got = np.asarray(fn()[0] if name in ("ort", "oxla") else fn())
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * float(np.abs(want).max()),
+                                   err_msg=f"{s.name}: {name}")
+    per_block = {name: max(1, int(3.0 / max(_block(fn, 3), 1e-3))) for name, fn in calls.items()}
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            times[name].append(_block(fn, per_block[name]))
+    med = {name: statistics.median(t) for name, t in times.items()}
+    chosen = F.choose((s.size,) * 2, w.shape, st, pads, (1, 1), s.group).__name__
+    return Row(s.name, s.kind, threads, med.pop("ort"), med.pop("oxla"), chosen,
+               med.pop("oxla_floor"), med.pop("ort_floor"), med)
+
+
+@dataclass
+class ModelRow:
+    model: str
+    batch: int
+    ort_ms: float
+    before_ms: float
+    after_ms: float
+    max_diff: float
+
+
+def _native_only(*_: Any) -> Callable[..., Any]:
+    from oxla.lowering.ops import conv_forms
+
+    return conv_forms.native
+
+
+def measure_model(path: str, batch: int, rounds: int) -> ModelRow:
+    """A whole model: oxla before (XLA's native conv everywhere) and after this rule, and onnxruntime."""
+    import onnxruntime as ort
+
+    import oxla
+    from oxla.lowering.ops import conv_forms
+
+    feeds = {"image": np.random.default_rng(0).standard_normal((batch, 3, 64, 64)).astype(np.float32)}
+    ort_sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    after = oxla.InferenceSession(path)
+    want = ort_sess.run(None, feeds)[0]
+    got = after.run(None, feeds)[0]  # compiles with the rule
+    chosen = conv_forms.choose
+    conv_forms.choose = _native_only  # type: ignore[assignment]  # "before": what Conv did
+    try:
+        before = oxla.InferenceSession(path)
+        before.run(None, feeds)  # compiles now, while the patch holds
+    finally:
+        conv_forms.choose = chosen  # type: ignore[assignment]
+    calls = {"ort": lambda: ort_sess.run(None, feeds), "before": lambda: before.run(None, feeds),
+             "after": lambda: after.run(None, feeds)}
+    per_block = {name: max(1, int(20.0 / max(_block(fn, 3), 1e-3))) for name, fn in calls.items()}
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            times[name].append(_block(fn, per_block[name]))
+    med = {name: statistics.median(t) for name, t in times.items()}
+    diff = float(np.max(np.abs(np.asarray(got) - want)) / max(float(np.max(np.abs(want))), 1e-30))
+    return ModelRow(Path(path).stem, batch, med["ort"], med["before"], med["after"], diff)
+
+
+def model_table(rows: list[ModelRow]) -> str:
+    lines = ["| model | batch | onnxruntime ms | oxla before ms | oxla after ms | before / ort | "
+             "after / ort | max diff / max abs |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.model} | {r.batch} | {r.ort_ms:.3f} | {r.before_ms:.3f} | {r.after_ms:.3f} | "
+                     f"{r.before_ms / r.ort_ms:.2f}x | {r.after_ms / r.ort_ms:.2f}x | {r.max_diff:.1e} |")
+    return "\n".join(lines)
+
+
+def _child(threads: int, rounds: int, only: str) -> list[Row]:
+    cmd = [sys.executable, "-m", "benchmarks.conv", "--one", str(threads), "--rounds", str(rounds),
+           "--only", only]
+    env = dict(os.environ)
+    if threads == 1:
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
+        if shutil.which("taskset"):
+            cmd = ["taskset", "-c", "0", *cmd]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False,
+                          cwd=Path(__file__).resolve().parent.parent)
+    if proc.returncode != 0:
+        raise SystemExit(f"threads={threads} failed:\n{proc.stderr[-3000:]}")
+    return [Row(**json.loads(line)) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def _model_child(path: str, batch: int, rounds: int) -> ModelRow:
+    cmd = [sys.executable, "-m", "benchmarks.conv", "--one-model", path, str(batch), "--rounds", str(rounds)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                          cwd=Path(__file__).resolve().parent.parent)
+    if proc.returncode != 0:
+        raise SystemExit(f"{path} failed:\n{proc.stderr[-3000:]}")
+    return ModelRow(**json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def table(rows: list[Row]) -> str:
+    """Markdown: per shape and thread setting, each form's time as a ratio to onnxruntime's."""
+    lines = ["| shape | threads | onnxruntime ms | oxla session ms | oxla / ort | session floor "
+             "oxla / ort ms | chosen form | "
+             + " | ".join(f"{f} / ort" for f in FORMS) + " | fastest form |",
+             "|---|---|---|---|---|---|---|" + "---|" * len(FORMS) + "---|"]
+    for r in rows:
+        cells = [f"{r.forms_ms[f] / r.ort_ms:.2f}x" if f in r.forms_ms else "" for f in FORMS]
+        best = min(r.forms_ms, key=r.forms_ms.__getitem__)
+        lines.append(f"| {r.shape} | {r.threads or 'default'} | {r.ort_ms:.3f} | {r.oxla_ms:.3f} | "
+                     f"{r.oxla_ms / r.ort_ms:.2f}x | {r.oxla_floor_ms:.3f} / {r.ort_floor_ms:.3f} | "
+                     f"{r.chosen} | " + " | ".join(cells) + f" | {best} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", default="0,1", help="thread settings: 0 = default, 1 = one thread")
+    parser.add_argument("--rounds", type=int, default=21)
+    parser.add_argument("--only", default="", help="only shapes whose name or kind contains this")
+    parser.add_argument("--write", help="write the table as a section of this markdown file")
+    parser.add_argument("--models", default="", help="also whole models, e.g. models/mobilenet_small.onnx,...")
+    parser.add_argument("--batches", default="1,8", help="batch sizes for --models")
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--one-model", nargs=2, metavar=("PATH", "BATCH"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    shapes = [s for s in SHAPES if args.only in s.name or args.only == s.kind]
+    if args.one_model:
+        print(json.dumps(asdict(measure_model(args.one_model[0], int(args.one_model[1]), args.rounds))))
+        return 0
+    if args.one is not None:  # a child: one thread setting, a JSON line per shape
+        for s in shapes:
+            print(json.dumps(asdict(measure(s, args.one, args.rounds))), flush=True)
+        return 0
+    load = os.getloadavg()[0]
+    models = [_model_child(p, int(b), args.rounds) for p in args.models.split(",") if p
+              for b in args.batches.split(",")]
+    rows = [r for t in args.threads.split(",") if t for r in _child(int(t), args.rounds, args.only)]
+    rows.sort(key=lambda r: ([s.name for s in SHAPES].index(r.shape), r.threads))
+    text = table(rows) + ("\n\nWhole models (default threads):\n\n" + model_table(models) if models else "")
+    print(text)
+    if args.write:
+        import jax
+        import onnxruntime
+
+        command = "python -m benchmarks.conv " + " ".join(argv if argv is not None else sys.argv[1:])
+        header = (f"Command: `{command}`\n\nMachine: {platform.machine()}, {os.cpu_count()} cores; "
+                  f"jax {jax.__version__}, onnxruntime {onnxruntime.__version__}. Times are medians "
+                  f"of {args.rounds} interleaved blocks; form columns are raw `jax.jit` of each "
+                  f"conv_forms form; 'oxla session' is `oxla.InferenceSession` on the one-node model. "
+                  f"Load average (1 min) {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.\n\n")
+        write_section(Path(args.write), "Convolutions", header + text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""Forms of a grouped convolution that XLA:CPU compiles well, and the measured rule choosing one.
+
+XLA:CPU's own grouped convolution (`feature_group_count > 1`) is its slowest kernel: a 3x3
+depthwise conv over 96 channels at 56x56 runs ~35x slower than the same sum written as shifted
+multiply-adds, which XLA fuses into one loop. Every form here takes ONNX's layouts, X (N, C, *S)
+and W (M, C/group, *K), with padding already resolved to (begin, end) per spatial axis, and
+computes what `lax.conv_general_dilated` does; `benchmarks/conv.py` measures them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+Pads = Sequence[tuple[int, int]]
+
+# Beyond this many terms per output XLA stops vectorizing a loop with a select per term (5x5
+# depthwise: scalar code, 6x slower): pad X once instead.  Measured by benchmarks/conv.py.
+FUSED_PAD_TERMS = 9
+# Up to this many terms per output (C/group * prod(K)) the fused multiply-adds beat every
+# dot-based form when the flat form applies (stride 1, same size): won at 72 (8 channels per
+# group, 3x3), lost at 108. Otherwise (strided, padded X): won at 25 (5x5 depthwise, stride 2),
+# lost at 72 (stride 2, 8 per group). Past them one native convolution per group wins, or for
+# 1x1 kernels one batched dot.
+FLAT_TAPS_TERMS = 72
+GRID_TAPS_TERMS = 25
+
+Form = Callable[..., Any]
+
+
+def accumulator(dtype: Any) -> Any:
+    """The dtype sums are accumulated in: float32 for the half types (as XLA's conv does)."""
+    dtype = np.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize < 4:
+        return np.dtype(np.float32)
+    return dtype
+
+
+def native(x: Any, w: Any, strides: Sequence[int], padding: Pads, dilations: Sequence[int],
+           group: int) -> Any:
+    """XLA's own convolution, channels first."""
+    spec = tuple(range(x.ndim))
+    return lax.conv_general_dilated(
+        x, w, tuple(strides), list(padding), rhs_dilation=tuple(dilations),
+        dimension_numbers=lax.ConvDimensionNumbers(spec, spec, spec), feature_group_count=group)
+
+
+def out_sizes(sizes: Sequence[int], padding: Pads, kernel: Sequence[int],
+              strides: Sequence[int], dilations: Sequence[int]) -> tuple[int, ...]:
+    """Output spatial sizes of a convolution."""
+    return tuple((size + lo + hi - (k - 1) * d - 1) // s + 1
+                 for size, (lo, hi), k, s, d in zip(sizes, padding, kernel, strides, dilations))
+
+
+def pad(x: Any, padding: Pads) -> Any:
+    """X zero-padded on its spatial axes."""
+    config = [(0, 0, 0), (0, 0, 0), *[(lo, hi, 0) for lo, hi in padding]]
+    return lax.pad(x, jnp.zeros((), x.dtype), config)
+
+
+def window(x: Any, tap: Sequence[int], out: Sequence[int], strides: Sequence[int],
+           padding: Pads, dilations: Sequence[int]) -> Any | None:
+    """What kernel tap `tap` multiplies: x's strided window, zero-padded to the output's shape.
+
+    None when the tap reads only padding. The pad fuses into the consumer's loop (a select per
+    element) instead of materializing a padded copy of x.
+    """
+    starts, limits, pads = [0, 0], list(x.shape[:2]), [(0, 0, 0), (0, 0, 0)]
+    for t, d, s, (lo, _), size, o in zip(tap, dilations, strides, padding, x.shape[2:], out):
+        first = t * d - lo  # the x index output 0 reads; outputs before o_min read padding
+        o_min = -(first // s) if first < 0 else 0
+        o_max = min(o - 1, (size - 1 - first) // s)
+        if o_max < o_min:
+            return None
+        starts.append(o_min * s + first)
+        limits.append(o_max * s + first + 1)
+        pads.append((o_min, o - 1 - o_max, 0))
+    cut = lax.slice(x, starts, limits, (1, 1, *strides))
+    return lax.pad(cut, jnp.zeros((), x.dtype), pads)
+
+
+def _grouped(x: Any, w: Any, group: int) -> tuple[Any, Any, Any]:
+    """X and W cast to the accumulator, W as (G, M/G, C/G, *K), and the accumulator dtype."""
+    acc = accumulator(x.dtype)
+    m, cg = w.shape[:2]
+    return x.astype(acc), w.astype(acc).reshape((group, m // group, cg, *w.shape[2:])), acc
+
+
+def _multiply_add(y: Any, win: Any, wg: Any, tap: tuple[int, ...]) -> Any:
+    """y (N, G, M/G, *O) + sum over c of win[:, :, c] (N, G, C/G, *O) * W[g, m, c, tap]."""
+    ones = (1,) * (win.ndim - 3)
+    for i in range(wg.shape[2]):
+        wt = wg[(slice(None), slice(None), i, *tap)].reshape((*wg.shape[:2], *ones))
+        term = win[:, :, i, None] * wt
+        y = term if y is None else y + term
+    return y
+
+
+def taps(x: Any, w: Any, strides: Sequence[int], padding: Pads, dilations: Sequence[int],
+         group: int) -> Any:
+    """Y as a sum of C/group * prod(K) broadcast multiply-adds over shifted windows of X.
+
+    XLA fuses the whole sum into one vectorized loop over Y: no dot buffer, no dot. Each
+    output reads C/group * prod(K) inputs, so this suits depthwise and narrow groups.
+    """
+    n = x.shape[0]
+    m, cg = w.shape[:2]
+    kernel = tuple(w.shape[2:])
+    xa, wg, acc = _grouped(x, w, group)
+    out = out_sizes(x.shape[2:], padding, kernel, strides, dilations)
+    if cg * math.prod(kernel) > FUSED_PAD_TERMS:
+        xa, padding = pad(xa, padding), [(0, 0)] * len(kernel)
+    y = None
+    for tap in itertools.product(*[range(k) for k in kernel]):
+        win = window(xa, tap, out, strides, padding, dilations)
+        if win is not None:
+            y = _multiply_add(y, win.reshape((n, group, cg, *out)), wg, tap)
+    if y is None:  # every tap reads padding only
+        y = jnp.zeros((n, group, m // group, *out), acc)
+    return y.reshape((n, m, *out)).astype(x.dtype)
+
+
+def flat_fits(sizes: Sequence[int], padding: Pads, kernel: Sequence[int],
+              strides: Sequence[int], dilations: Sequence[int]) -> bool:
+    """Whether `taps_flat` applies: stride 1, and every axis but the first keeps its size."""
+    out = out_sizes(sizes, padding, kernel, strides, dilations)
+    return all(s == 1 for s in strides) and tuple(out[1:]) == tuple(sizes[1:])
+
+
+def _inner_mask(sizes: Sequence[int], rows: int, taps: Sequence[int], padding: Pads,
+                dilations: Sequence[int]) -> np.ndarray:
+    """Over the flat output grid, whether inner-axis tap `taps` reads inside X (not padding)."""
+    grid = np.indices(tuple(sizes[1:])).reshape(len(sizes) - 1, math.prod(sizes[1:]))
+    ok = np.ones(grid.shape[1], bool)
+    for g, t, size, (lo, _), d in zip(grid, taps, sizes[1:], padding[1:], dilations[1:]):
+        ok &= (g + t * d - lo >= 0) & (g + t * d - lo < size)
+    return np.tile(ok, rows)
+
+
+def taps_flat(x: Any, w: Any, strides: Sequence[int], padding: Pads, dilations: Sequence[int],
+              group: int) -> Any:
+    """`taps` over the flattened spatial axes: one long vectorized loop (no short-row tails).
+
+    Needs `flat_fits`. Tap (i, j...) reads X's flat, zero-padded copy at a fixed offset; reads
+    that wrap into a neighbouring row are masked, one mask per inner-axis offset.
+    """
+    n, sizes = x.shape[0], tuple(x.shape[2:])
+    m, cg = w.shape[:2]
+    kernel = tuple(w.shape[2:])
+    xa, wg, acc = _grouped(x, w, group)
+    inner = math.prod(sizes[1:])
+    rows = out_sizes(sizes, padding, kernel, strides, dilations)[0]
+    span = rows * inner
+    place = [math.prod(sizes[i + 1:]) for i in range(len(sizes))]  # flat stride of each axis
+    front = sum(lo * p for (lo, _), p in zip(padding, place))
+    reach = sum((k - 1) * d * p for k, d, p in zip(kernel, dilations, place))
+    back = max(0, span + reach - front - math.prod(sizes))
+    flat = lax.pad(xa.reshape((n, x.shape[1], -1)), jnp.zeros((), acc),
+                   [(0, 0, 0), (0, 0, 0), (front, back, 0)])
+    y = jnp.zeros((n, group, m // group, span), acc)
+    for inner_tap in itertools.product(*[range(k) for k in kernel[1:]]):
+        part: Any = None
+        for i in range(kernel[0]):
+            tap = (i, *inner_tap)
+            at = sum(t * d * p for t, d, p in zip(tap, dilations, place))
+            win = lax.slice_in_dim(flat, at, at + span, axis=2).reshape((n, group, cg, span))
+            part = _multiply_add(part, win, wg, tap)
+        mask = _inner_mask(sizes, rows, inner_tap, padding, dilations)
+        y = y + (part if mask.all() else jnp.where(mask, part, 0))
+    return y.reshape((n, m, rows, *sizes[1:])).astype(x.dtype)
+
+
+def dot(x: Any, w: Any, strides: Sequence[int], padding: Pads, dilations: Sequence[int],
+           group: int) -> Any:
+    """Per group, the kernel taps' windows stacked (im2col) and contracted in one batched dot.
+
+    With a 1x1 kernel nothing is stacked: Y = W @ X per image, where XLA:CPU's native conv
+    copies X to channels-last and back.
+    """
+    n = x.shape[0]
+    m, cg = w.shape[:2]
+    kernel = tuple(w.shape[2:])
+    out = out_sizes(x.shape[2:], padding, kernel, strides, dilations)
+    xp = pad(x, padding)
+    nopad = [(0, 0)] * len(kernel)
+    wins: list[Any] = [window(xp, tap, out, strides, nopad, dilations)
+            for tap in itertools.product(*[range(k) for k in kernel])]
+    # cols (N, C, K, *O) -> (N, G, Cg*K, P); W (M, Cg, *K) -> (G, M/G, Cg*K): same (c, k) order
+    cols = jnp.stack(wins, axis=2).reshape((n, group, cg * math.prod(kernel), math.prod(out)))
+    wg = w.reshape((group, m // group, cg * math.prod(kernel)))
+    y = jnp.einsum("gmk,ngkp->ngmp", wg, cols, preferred_element_type=accumulator(x.dtype))
+    return y.reshape((n, m, *out)).astype(x.dtype)
+
+
+def split(x: Any, w: Any, strides: Sequence[int], padding: Pads, dilations: Sequence[int],
+          group: int) -> Any:
+    """One dense native convolution per group, concatenated."""
+    cg, mg = x.shape[1] // group, w.shape[0] // group
+    ys = [native(x[:, g * cg:(g + 1) * cg], w[g * mg:(g + 1) * mg], strides, padding, dilations, 1)
+          for g in range(group)]
+    return jnp.concatenate(ys, axis=1)
+
+
+def choose(sizes: Sequence[int], w_shape: Sequence[int], strides: Sequence[int], padding: Pads,
+           dilations: Sequence[int], group: int) -> Form:
+    """The form of a convolution that ran fastest for its class (benchmarks/conv.py)."""
+    kernel = tuple(w_shape[2:])
+    pointwise = math.prod(kernel) == 1
+    if group == 1:
+        return dot if pointwise else native
+    terms = w_shape[1] * math.prod(kernel)
+    if terms <= FUSED_PAD_TERMS:
+        return taps
+    if terms <= FLAT_TAPS_TERMS and flat_fits(sizes, padding, kernel, strides, dilations):
+        return taps_flat
+    if terms <= GRID_TAPS_TERMS:
+        return taps
+    return dot if pointwise else split

@@ -1,0 +1,122 @@
+"""Every conv_forms form against XLA's native convolution: values, gradients and the rule's choice."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import oxla  # noqa: F401  # oxla's import turns on the 64-bit types these checks compare in
+from oxla.lowering.ops import conv_forms as F
+
+RNG = np.random.default_rng(0)
+FORMS = {"taps": F.taps, "taps_flat": F.taps_flat, "dot": F.dot, "split": F.split}
+
+
+def _case(nd: int, c: int, group: int, mult: int, k: int, s: int, d: int,
+          pads: str) -> tuple[np.ndarray, np.ndarray, tuple, list, tuple]:
+    sizes = (7, 6, 5)[:nd]
+    if pads == "same":
+        padding = [((k - 1) * d // 2, (k - 1) * d - (k - 1) * d // 2)] * nd
+    elif pads == "none":
+        padding = [(0, 0)] * nd
+    else:  # uneven, and larger than the kernel reaches on the first axis
+        padding = [(3, 0), (0, 1), (1, 2)][:nd]
+    x = RNG.standard_normal((2, c, *sizes))
+    w = RNG.standard_normal((group * mult, c // group, *(k,) * nd))
+    return x, w, (s,) * nd, padding, (d,) * nd
+
+
+# (spatial axes, C, group, output channels per group, kernel, stride, dilation, pads)
+CASES = [
+    (2, 4, 4, 1, 3, 1, 1, "same"), (2, 4, 4, 2, 3, 2, 1, "same"), (2, 4, 4, 1, 5, 1, 1, "same"),
+    (2, 4, 4, 1, 5, 2, 1, "uneven"), (2, 4, 4, 3, 2, 1, 2, "uneven"), (2, 6, 3, 2, 3, 1, 2, "same"),
+    (2, 8, 2, 3, 3, 3, 1, "none"), (2, 6, 2, 1, 1, 2, 1, "uneven"), (2, 5, 1, 4, 1, 1, 1, "none"),
+    (2, 4, 1, 2, 3, 1, 1, "same"), (1, 4, 4, 2, 3, 1, 1, "same"), (1, 6, 2, 2, 3, 2, 2, "uneven"),
+    (3, 2, 2, 1, 3, 1, 1, "same"), (3, 4, 2, 2, 2, 2, 1, "uneven"), (3, 3, 3, 1, 2, 1, 1, "none"),
+]
+
+
+def _ids(case: tuple) -> str:
+    nd, c, g, m, k, s, d, p = case
+    return f"{nd}d-c{c}-g{g}-m{m}-k{k}-s{s}-d{d}-{p}"
+
+
+def _forms(x: np.ndarray, w: np.ndarray, s: tuple, padding: list, d: tuple) -> list[str]:
+    fits = F.flat_fits(x.shape[2:], padding, w.shape[2:], s, d)
+    return [name for name in FORMS if name != "taps_flat" or fits]
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_forms_match_native(case: tuple) -> None:
+    x, w, s, padding, d = _case(*case)
+    group = case[2]
+    want = np.asarray(F.native(x, w, s, padding, d, group))
+    for name in _forms(x, w, s, padding, d):
+        got = np.asarray(FORMS[name](x, w, s, padding, d, group))
+        assert got.dtype == np.float64, name
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10, err_msg=name)
+
+
+def test_forms_with_only_padding_under_some_taps() -> None:
+    # a 1x5 input padded by 4 on the left: the taps past the data read nothing but zeros
+    x, w = RNG.standard_normal((1, 2, 1, 5)), RNG.standard_normal((2, 1, 1, 3))
+    padding, s, d = [(0, 0), (4, 0)], (1, 2), (1, 3)
+    want = np.asarray(F.native(x, w, s, padding, d, 2))
+    np.testing.assert_allclose(np.asarray(F.taps(x, w, s, padding, d, 2)), want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[5], CASES[6], CASES[7], CASES[13]],
+                         ids=_ids)
+def test_forms_gradients_match_native(case: tuple) -> None:
+    # training differentiates through Conv: every form must give native's gradients
+    x, w, s, padding, d = _case(*case)
+    group = case[2]
+    r = RNG.standard_normal(np.asarray(F.native(x, w, s, padding, d, group)).shape)
+
+    def loss(form, x, w):  # type: ignore[no-untyped-def]
+        return jnp.sum(form(x, w, s, padding, d, group) * r)
+
+    want = jax.grad(lambda x, w: loss(F.native, x, w), argnums=(0, 1))(x, w)
+    for name in _forms(x, w, s, padding, d):
+        got = jax.jit(jax.grad(lambda x, w, f=FORMS[name]: loss(f, x, w), argnums=(0, 1)))(x, w)
+        for g, want_g in zip(got, want):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(want_g), rtol=1e-9, atol=1e-9,
+                                       err_msg=name)
+
+
+@pytest.mark.parametrize("dtype, big", [(jnp.float16, 2048.0), (jnp.bfloat16, 256.0)])
+def test_half_types_accumulate_in_float32(dtype: object, big: float) -> None:
+    # big + 1 rounds back to big in this type: only a float32 sum of the 9 taps gets big + 8
+    x = jnp.ones((1, 2, 4, 4), dtype).at[:, :, 0, 0].set(big)
+    w = jnp.ones((2, 1, 3, 3), dtype)
+    got = F.taps(x, w, (1, 1), [(1, 1), (1, 1)], (1, 1), 2)
+    assert got.dtype == dtype
+    assert float(got[0, 0, 1, 1]) == big + 8
+
+
+CHOICES = [  # (X spatial sizes, W shape, strides, pads, group) -> the form measured fastest
+    ((56, 56), (96, 1, 3, 3), (1, 1), [(1, 1)] * 2, 96, "taps"),
+    ((56, 56), (96, 1, 3, 3), (2, 2), [(1, 1)] * 2, 96, "taps"),
+    ((28, 28), (144, 1, 5, 5), (1, 1), [(2, 2)] * 2, 144, "taps_flat"),
+    ((56, 56), (144, 1, 5, 5), (2, 2), [(2, 2)] * 2, 144, "taps"),
+    ((28, 28), (256, 8, 3, 3), (1, 1), [(1, 1)] * 2, 32, "taps_flat"),
+    ((56, 56), (256, 8, 3, 3), (2, 2), [(1, 1)] * 2, 32, "split"),
+    ((14, 14), (512, 16, 3, 3), (1, 1), [(1, 1)] * 2, 32, "split"),
+    ((28, 28), (60, 80, 1, 1), (1, 1), [(0, 0)] * 2, 3, "dot"),
+    ((56, 56), (24, 96, 1, 1), (1, 1), [(0, 0)] * 2, 1, "dot"),
+    ((56, 56), (64, 64, 3, 3), (1, 1), [(1, 1)] * 2, 1, "native"),
+]
+
+
+@pytest.mark.parametrize("sizes, w_shape, strides, padding, group, form", CHOICES,
+                         ids=[f"{c[1]}-g{c[4]}-s{c[2][0]}" for c in CHOICES])
+def test_choose(sizes: tuple, w_shape: tuple, strides: tuple, padding: list, group: int,
+                form: str) -> None:
+    assert F.choose(sizes, w_shape, strides, padding, (1, 1), group).__name__ == form
+
+
+def test_every_form_is_reachable() -> None:
+    chosen = {c[-1] for c in CHOICES}
+    assert chosen == set(FORMS) | {"native"}
