@@ -17,7 +17,6 @@ import argparse
 import functools
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -31,7 +30,7 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from benchmarks.run import write_section
+from benchmarks.run import write_results
 
 FORMS = ("native", "taps", "taps_flat", "dot", "split")
 MAX_TAPS_TERMS = 150  # beyond this the fused sum compiles for minutes and runs slowly: not tried
@@ -303,16 +302,11 @@ def main(argv: list[str] | None = None) -> int:
     text = table(rows) + ("\n\nWhole models (default threads):\n\n" + model_table(models) if models else "")
     print(text)
     if args.write:
-        import jax
-        import onnxruntime
-
-        command = "python -m benchmarks.conv " + " ".join(argv if argv is not None else sys.argv[1:])
-        header = (f"Command: `{command}`\n\nMachine: {platform.machine()}, {os.cpu_count()} cores; "
-                  f"jax {jax.__version__}, onnxruntime {onnxruntime.__version__}. Times are medians "
-                  f"of {args.rounds} interleaved blocks; form columns are raw `jax.jit` of each "
-                  f"conv_forms form; 'oxla session' is `oxla.InferenceSession` on the one-node model. "
-                  f"Load average (1 min) {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.\n\n")
-        write_section(Path(args.write), "Convolutions", header + text + "\n")
+        write_results(args.write, "Convolutions", "conv", argv,
+                      f"Times are medians of {args.rounds} interleaved blocks; form columns are raw "
+                      "`jax.jit` of each conv_forms form; 'oxla session' is `oxla.InferenceSession` "
+                      f"on the one-node model. Load average (1 min) {load:.1f} at the start, "
+                      f"{os.getloadavg()[0]:.1f} at the end.", text)
     return 0
 
 

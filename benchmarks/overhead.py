@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -162,13 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     text = table(rows)
     print("\n" + text)
     if args.write:
-        from benchmarks.run import write_section
+        from benchmarks.run import write_results
 
-        command = "python -m benchmarks.overhead " + " ".join(argv if argv is not None else sys.argv[1:])
-        header = (f"Command: `{command}` ({os.cpu_count()} cores). Per-call latency of "
-                  "`InferenceSession.run` with numpy feeds and outputs, medians of alternating "
-                  "blocks; each model in its own process.\n\n")
-        write_section(Path(args.write), "Per-call overhead", header + text + "\n")
+        write_results(args.write, "Per-call overhead", "overhead", argv,
+                      "Per-call latency of `InferenceSession.run` with numpy feeds and outputs, "
+                      "medians of alternating blocks; each model in its own process.", text)
     return 0
 
 

@@ -17,7 +17,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -28,9 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 
-from benchmarks.run import model_path, write_section
+from benchmarks.run import model_path, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "benchmarks" / ".cache" / "ort_quant"
@@ -184,15 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     text = table(results)
     print("\n" + text)
     if args.write:
-        import jax
-        import onnxruntime
-
-        command = "python -m benchmarks.quantized " + " ".join(argv if argv is not None else sys.argv[1:])
-        header = (f"Command: `{command}`\n\nMachine: {platform.processor() or platform.machine()}, "
-                  f"{os.cpu_count()} cores, shared; jax {jax.__version__}, onnxruntime "
-                  f"{onnxruntime.__version__}, onnx {onnx.__version__}. Medians of alternating blocks "
-                  f"after warm-up (at least {args.runs} calls, ~1 s per side for fast models).\n\n")
-        write_section(Path(args.write), "Quantized models", header + text + "\n")
+        write_results(args.write, "Quantized models", "quantized", argv,
+                      f"Medians of alternating blocks after warm-up (at least {args.runs} calls, "
+                      "~1 s per side for fast models).", text)
     return 0
 
 

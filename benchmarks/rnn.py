@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from benchmarks.run import write_section
+from benchmarks.run import write_results
 
 
 @dataclass(frozen=True)
@@ -154,14 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     text = table(runs)
     print(text)
     if args.write:
-        import jax
-        import onnxruntime
-
-        command = "python -m benchmarks.rnn " + " ".join(argv if argv is not None else sys.argv[1:])
-        header = (f"Command: `{command}`\n\nMachine: {platform.machine()}, {os.cpu_count()} cores; "
-                  f"jax {jax.__version__}, onnxruntime {onnxruntime.__version__}. Load average (1 min) "
-                  f"{load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.\n\n")
-        write_section(Path(args.write), "Recurrent layers", header + text + "\n")
+        write_results(args.write, "Recurrent layers", "rnn", argv,
+                      f"Load average (1 min) {load:.1f} at the start, {os.getloadavg()[0]:.1f} at "
+                      "the end.", text)
     return 0
 
 

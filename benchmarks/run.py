@@ -145,6 +145,19 @@ def _in_child(key: str, batch: int, runs: int, bake: bool) -> Result:
     return Result(**json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
+def write_results(path: str | Path, title: str, module: str, argv: list[str] | None, note: str,
+                  text: str) -> None:
+    """Write a results table as the `## title` section: the command, the machine, then `note`."""
+    import jax
+    import onnxruntime
+
+    command = f"python -m benchmarks.{module} " + " ".join(argv if argv is not None else sys.argv[1:])
+    header = (f"Command: `{command}`\n\nMachine: {platform.processor() or platform.machine()}, "
+              f"{os.cpu_count()} cores; jax {jax.__version__}, onnxruntime {onnxruntime.__version__}, "
+              f"onnx {onnx.__version__}. {note}\n\n")
+    write_section(Path(path), title, header + text + "\n")
+
+
 def write_section(path: Path, title: str, body: str) -> None:
     """Replace (or add) the `## title` section of a markdown file, keeping the other sections."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"
@@ -184,14 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     text = table(results)
     print("\n" + text)
     if args.write:
-        import jax
-        import onnxruntime
-
-        command = "python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:])
-        header = (f"Command: `{command}`\n\nMachine: {platform.processor() or platform.machine()}, "
-                  f"{os.cpu_count()} cores; jax {jax.__version__}, onnxruntime {onnxruntime.__version__}, "
-                  f"onnx {onnx.__version__}. Median of {args.runs} calls each (more for fast models: about 1 s of calls per side), in alternating blocks, after warm-up.\n\n")
-        write_section(Path(args.write), "Inference", header + text + "\n")
+        write_results(args.write, "Inference", "run", argv,
+                      f"Median of {args.runs} calls each (more for fast models: about 1 s of calls "
+                      "per side), in alternating blocks, after warm-up.", text)
     return 0
 
 

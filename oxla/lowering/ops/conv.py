@@ -92,13 +92,8 @@ def _add_bias(y, b):
 # --- Conv ---------------------------------------------------------------------------------------
 
 def _conv(cx, x, w, *, auto_pad, dilations, group, kernel_shape, pads, strides):
-    n = _check_conv_shapes(cx, x, w, group, kernel_shape)
-    if x.shape[1] != w.shape[1] * group or w.shape[0] % group:
-        raise cx.fail(f"X has {x.shape[1]} channels and W has shape {tuple(w.shape)}: with "
-                      f"group={group}, W must be (M, C/group, ...) with M divisible by group")
-    s = spatial_ints(cx, "strides", strides, n, 1)
-    d = spatial_ints(cx, "dilations", dilations, n, 1)
-    padding = window_pads(cx, auto_pad, pads, x.shape[2:], w.shape[2:], s, d)
+    s, padding, d = conv_window(cx, x, w, auto_pad=auto_pad, dilations=dilations, group=group,
+                                kernel_shape=kernel_shape, pads=pads, strides=strides)
     # XLA:CPU's grouped convolution is its slowest kernel: each shape class gets the form that
     # ran fastest for it (conv_forms.choose, measured by benchmarks/conv.py)
     form = conv_forms.choose(x.shape[2:], w.shape, s, padding, d, group)
