@@ -15,6 +15,8 @@ import onnx.backend.test
 from onnx import numpy_helper
 from onnx.backend.test.runner import Runner
 
+from oxla.zoo.worker import read_pb
+
 DATA_DIR = os.path.join(os.path.dirname(onnx.backend.test.__file__), "data")
 MODEL_KINDS = ("light", "pytorch-converted", "pytorch-operator", "simple")
 # The two gradient cases of data/simple need the ai.onnx.preview.training Gradient op (issue 3).
@@ -54,23 +56,6 @@ def node_cases() -> list[Case]:
     return [Case(name, "node", loader(name)) for name in sorted(_node_testcases())]
 
 
-def _load_proto(path: str, type_proto: onnx.TypeProto) -> Any:
-    with open(path, "rb") as f:
-        data = f.read()
-    kind = type_proto.WhichOneof("value")
-    if kind == "sequence_type":
-        seq = onnx.SequenceProto()
-        seq.ParseFromString(data)
-        return numpy_helper.to_list(seq)
-    if kind == "optional_type":
-        opt = onnx.OptionalProto()
-        opt.ParseFromString(data)
-        return numpy_helper.to_optional(opt)
-    tensor = onnx.TensorProto()
-    tensor.ParseFromString(data)
-    return numpy_helper.to_array(tensor)
-
-
 def _folder_loader(model_dir: str) -> Callable[[], Any]:
     def load() -> Any:
         model = onnx.load(os.path.join(model_dir, "model.onnx"))
@@ -80,10 +65,10 @@ def _folder_loader(model_dir: str) -> Callable[[], Any]:
         for ds in sorted(glob.glob(os.path.join(model_dir, "test_data_set*"))):
             n_in = len(glob.glob(os.path.join(ds, "input_*.pb")))
             n_out = len(glob.glob(os.path.join(ds, "output_*.pb")))
-            ins = [_load_proto(os.path.join(ds, f"input_{i}.pb"), model.graph.input[i].type
+            ins = [read_pb(os.path.join(ds, f"input_{i}.pb"), model.graph.input[i].type
                                if i < len(model.graph.input) else real_inputs[i].type)
                    for i in range(n_in)]
-            outs = [_load_proto(os.path.join(ds, f"output_{i}.pb"), model.graph.output[i].type)
+            outs = [read_pb(os.path.join(ds, f"output_{i}.pb"), model.graph.output[i].type)
                     for i in range(n_out)]
             data.append((ins, outs))
         return model, data, 1e-3, 1e-7
@@ -97,7 +82,7 @@ def _light_loader(path: str, name: str) -> Callable[[], Any]:
         ins = [Runner.generate_dummy_data(x, seed=0, name=name, random=False)
                for x in model.graph.input if x.name not in inits]
         prefix = os.path.splitext(path)[0]
-        outs = [_load_proto(f"{prefix}_output_{i}.pb", o.type) for i, o in enumerate(model.graph.output)]
+        outs = [read_pb(f"{prefix}_output_{i}.pb", o.type) for i, o in enumerate(model.graph.output)]
         return model, [(ins, outs)], 1e-3, 1e-7
     return load
 
