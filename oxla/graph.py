@@ -106,14 +106,15 @@ def initializer_values(graph: GraphProto) -> dict[str, np.ndarray]:
     """
     values = {}
     for t in graph.initializer:
-        values[t.name] = _tensor_value(t.name, lambda t=t: numpy_helper.to_array(t))
+        values[t.name] = tensor_value(t.name, lambda t=t: numpy_helper.to_array(t))
     for sparse in graph.sparse_initializer:
         name = sparse.values.name
-        values[name] = _tensor_value(name, lambda s=sparse: sparse_to_dense(s))
+        values[name] = tensor_value(name, lambda s=sparse: sparse_to_dense(s))
     return values
 
 
-def _tensor_value(name: str, convert: Any) -> np.ndarray:
+def tensor_value(name: str, convert: Any) -> np.ndarray:
+    """`convert()` (a tensor's numpy value); data that does not fit is an InvalidModelError."""
     try:
         return np.asarray(convert())
     except (ValueError, TypeError, KeyError, IndexError) as e:

@@ -64,10 +64,10 @@ FORM_CASES = {
     "split-groups-16-per-group": ({"x": rand(1, 32, 6, 5), "w": rand(6, 16, 3, 3), "b": rand(6)},
                                   {"group": 2, "strides": [2, 1], "pads": [1, 1, 1, 1]}),
     "dot-grouped-1x1": ({"x": rand(2, 160, 4, 3), "w": rand(6, 80, 1, 1)}, {"group": 2}),
-    "dot-dense-1x1": ({"x": rand(2, 5, 4, 3), "w": rand(7, 5, 1, 1), "b": rand(7)}, {}),
-    "dot-dense-1x1-strides-pads": ({"x": rand(1, 5, 7, 6), "w": rand(3, 5, 1, 1)},
+    "native-dense-1x1": ({"x": rand(2, 5, 4, 3), "w": rand(7, 5, 1, 1), "b": rand(7)}, {}),
+    "native-dense-1x1-strides-pads": ({"x": rand(1, 5, 7, 6), "w": rand(3, 5, 1, 1)},
                                    {"strides": [2, 3], "pads": [1, 0, 0, 2]}),
-    "dot-dense-1x1-3d": ({"x": rand(1, 4, 3, 2, 5), "w": rand(2, 4, 1, 1, 1)}, {}),
+    "native-dense-1x1-3d": ({"x": rand(1, 4, 3, 2, 5), "w": rand(2, 4, 1, 1, 1)}, {}),
 }
 
 
@@ -115,7 +115,7 @@ def test_conv_depthwise_weights_stored_by_the_session() -> None:
 
 @pytest.mark.parametrize("dtype", [np.float16, "bfloat16", np.float64])
 @pytest.mark.parametrize("case", ["taps-depthwise-3x3", "taps_flat-depthwise-5x5-same-upper",
-                                  "dot-dense-1x1", "split-groups-16-per-group"])
+                                  "native-dense-1x1", "split-groups-16-per-group"])
 def test_conv_forms_dtypes(case: str, dtype: object) -> None:
     # onnxruntime's CPU Conv has no float64/bfloat16 kernels: compare with float64 numpy maths
     import ml_dtypes

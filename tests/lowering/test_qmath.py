@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import itertools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+from oxla.executor import x64
 from jax import lax
 
 from oxla.lowering.ops.qmath import div32, int_conv, int_matmul
 
-jax.config.update("jax_enable_x64", True)
+
+
+@pytest.fixture(autouse=True)
+def _x64() -> Iterator[None]:
+    """int64 references need 64-bit types: oxla's own scope, never the global JAX setting."""
+    with x64():
+        yield
 RNG = np.random.default_rng(0)
 
 
