@@ -27,7 +27,7 @@ def large_constants_to_initializers(model: ModelProto) -> int:
             if attr.name == "value" and attr.HasField("t"):
                 tensor = attr.t
         if tensor is not None and node.output[0]:
-            value = tensor_value(tensor.name, lambda: numpy_helper.to_array(tensor))
+            value = tensor_value(tensor.name, lambda t=tensor: numpy_helper.to_array(t))
             if is_float(value.dtype) and value.size > LARGE:
                 graph.initializer.append(numpy_helper.from_array(np.asarray(value), node.output[0]))
                 moved += 1

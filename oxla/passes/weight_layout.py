@@ -48,7 +48,7 @@ def conv_weights_to_hwio(model: ModelProto) -> int:
         name = tensor.name
         if name not in conv_w or len(tensor.dims) < 3:
             continue
-        value = tensor_value(tensor.name, lambda: numpy_helper.to_array(tensor))
+        value = tensor_value(tensor.name, lambda t=tensor: numpy_helper.to_array(t))
         if not is_float(value.dtype):
             continue
         r = value.ndim
@@ -74,7 +74,7 @@ def gemm_weights_to_kn(model: ModelProto) -> int:
     renamed = {}
     for tensor in graph.initializer:
         if tensor.name in weights and len(tensor.dims) == 2:
-            value = tensor_value(tensor.name, lambda: numpy_helper.to_array(tensor))
+            value = tensor_value(tensor.name, lambda t=tensor: numpy_helper.to_array(t))
             if is_float(value.dtype):
                 renamed[tensor.name] = tensor.name + KN_SUFFIX
                 tensor.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(value.T), renamed[tensor.name]))

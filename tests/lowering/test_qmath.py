@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import itertools
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from oxla.executor import x64
 from jax import lax
 
+from oxla.executor import x64
 from oxla.lowering.ops.qmath import div32, int_conv, int_matmul
-
 
 
 @pytest.fixture(autouse=True)
