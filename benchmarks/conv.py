@@ -133,50 +133,57 @@ def _block(fn: Callable[[], Any], calls: int) -> float:
     return (time.perf_counter() - start) / calls * 1e3
 
 
-def measure(s: Shape, threads: int, rounds: int) -> Row:
-    """Time every candidate of one shape in this process, interleaved."""
+def _interleaved(calls: dict[str, Callable[[], Any]], rounds: int, block_ms: float) -> dict[str, float]:
+    """Median over rounds of each call's per-call time in a block of ~block_ms, blocks interleaved."""
+    per_block = {name: max(1, int(block_ms / max(_block(fn, 3), 1e-3))) for name, fn in calls.items()}
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            times[name].append(_block(fn, per_block[name]))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def _candidates(s: Shape, x: np.ndarray, w: np.ndarray, threads: int) -> dict[str, Callable[[], Any]]:
+    """onnxruntime, the oxla session, both session floors, and each form jitted on its own."""
     import jax
     import onnxruntime as ort
 
     import oxla
     from oxla.lowering.ops import conv_forms as F
 
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((1, s.c, s.size, s.size)).astype(np.float32)
-    w = rng.standard_normal((s.m, s.c // s.group, s.k, s.k)).astype(np.float32)
-    pads, st = [(s.k // 2,) * 2] * 2, (s.stride,) * 2
-    model = one_node(x, w, s)
     opts = ort.SessionOptions()
     if threads:
         opts.intra_op_num_threads = threads
-    ort_sess = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
-    ox_sess = oxla.InferenceSession(model)
-    ort_relu = ort.InferenceSession(relu_node(x), opts, providers=["CPUExecutionProvider"])
-    ox_relu = oxla.InferenceSession(relu_node(x))
+    sessions = {"ort": ort.InferenceSession(one_node(x, w, s), opts, providers=["CPUExecutionProvider"]),
+                "oxla": oxla.InferenceSession(one_node(x, w, s)),
+                "ort_floor": ort.InferenceSession(relu_node(x), opts, providers=["CPUExecutionProvider"]),
+                "oxla_floor": oxla.InferenceSession(relu_node(x))}
+    calls: dict[str, Callable[[], Any]] = {
+        name: lambda sess=sess: sess.run(None, {"x": x})[0] for name, sess in sessions.items()}
     xj, wj = jax.numpy.asarray(x), jax.numpy.asarray(w)
-    calls: dict[str, Callable[[], Any]] = {"ort": lambda: ort_sess.run(None, {"x": x}),
-                                           "oxla": lambda: ox_sess.run(None, {"x": x}),
-                                           "ort_floor": lambda: ort_relu.run(None, {"x": x}),
-                                           "oxla_floor": lambda: ox_relu.run(None, {"x": x})}
     for name in _forms(s):
-        f = jax.jit(functools.partial(getattr(F, name), strides=st, padding=pads, dilations=(1, 1),
-                                      group=s.group))
+        f = jax.jit(functools.partial(getattr(F, name), strides=(s.stride,) * 2,
+                                      padding=[(s.k // 2,) * 2] * 2, dilations=(1, 1), group=s.group))
         calls[name] = lambda f=f: f(xj, wj).block_until_ready()
-    want = calls["ort"]()[0]
+    return calls
+
+
+def measure(s: Shape, threads: int, rounds: int) -> Row:
+    """Time every candidate of one shape in this process, interleaved, after checking its values."""
+    from oxla.lowering.ops import conv_forms as F
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, s.c, s.size, s.size)).astype(np.float32)
+    w = rng.standard_normal((s.m, s.c // s.group, s.k, s.k)).astype(np.float32)
+    calls = _candidates(s, x, w, threads)
+    want = calls["ort"]()
     for name, fn in calls.items():
-        if name.endswith("_floor"):
-            continue
-        got = np.asarray(fn()[0] if name in ("ort", "oxla") else fn())
-        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * float(np.abs(want).max()),
-                                   err_msg=f"{s.name}: {name}")
-    per_block = {name: max(1, int(3.0 / max(_block(fn, 3), 1e-3))) for name, fn in calls.items()}
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, fn in calls.items():
-            times[name].append(_block(fn, per_block[name]))
-    med = {name: statistics.median(t) for name, t in times.items()}
-    chosen = F.choose((s.size,) * 2, w.shape, st, pads, (1, 1), s.group).__name__
-    return Row(s.name, s.kind, threads, med.pop("ort"), med.pop("oxla"), chosen,
+        if not name.endswith("_floor"):
+            np.testing.assert_allclose(np.asarray(fn()), want, rtol=1e-3,
+                                       atol=1e-3 * float(np.abs(want).max()), err_msg=f"{s.name}: {name}")
+    med = _interleaved(calls, rounds, 3.0)
+    chosen = F.choose((s.size,) * 2, w.shape, (s.stride,) * 2, [(s.k // 2,) * 2] * 2, (1, 1), s.group)
+    return Row(s.name, s.kind, threads, med.pop("ort"), med.pop("oxla"), chosen.__name__,
                med.pop("oxla_floor"), med.pop("ort_floor"), med)
 
 
@@ -217,12 +224,7 @@ def measure_model(path: str, batch: int, rounds: int) -> ModelRow:
         conv_forms.choose = chosen  # type: ignore[assignment]
     calls = {"ort": lambda: ort_sess.run(None, feeds), "before": lambda: before.run(None, feeds),
              "after": lambda: after.run(None, feeds)}
-    per_block = {name: max(1, int(20.0 / max(_block(fn, 3), 1e-3))) for name, fn in calls.items()}
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, fn in calls.items():
-            times[name].append(_block(fn, per_block[name]))
-    med = {name: statistics.median(t) for name, t in times.items()}
+    med = _interleaved(calls, rounds, 20.0)
     diff = float(np.max(np.abs(np.asarray(got) - want)) / max(float(np.max(np.abs(want))), 1e-30))
     return ModelRow(Path(path).stem, batch, med["ort"], med["before"], med["after"], diff)
 

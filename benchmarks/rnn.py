@@ -14,6 +14,7 @@ onnxruntime measured in the same process.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -83,6 +84,16 @@ def _block(fn: Callable[[], Any], calls: int) -> float:
     return (time.perf_counter() - start) / calls * 1e3
 
 
+def _interleaved(calls: dict[str, Callable[[], Any]], rounds: int, block_ms: float) -> dict[str, float]:
+    """Median over rounds of each call's per-call time in a block of ~block_ms, blocks interleaved."""
+    per_block = {k: max(1, int(block_ms / max(_block(f, 2), 1e-3))) for k, f in calls.items()}
+    times: dict[str, list[float]] = {k: [] for k in calls}
+    for _ in range(rounds):
+        for k, f in calls.items():
+            times[k].append(_block(f, per_block[k]))
+    return {k: statistics.median(t) for k, t in times.items()}
+
+
 def measure(layer: Layer, rounds: int) -> tuple[float, float, float]:
     """(onnxruntime ms, oxla ms, max |difference|) for one layer."""
     import onnxruntime as ort
@@ -95,16 +106,59 @@ def measure(layer: Layer, rounds: int) -> tuple[float, float, float]:
     ort_sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
     ox_sess = oxla.InferenceSession(data)
     diff = max(float(np.max(np.abs(a - b))) for a, b in zip(ort_sess.run(None, feeds), ox_sess.run(None, feeds)))
-    calls = {"ort": lambda: ort_sess.run(None, feeds), "oxla": lambda: ox_sess.run(None, feeds)}
-    per_block = {k: max(1, int(20.0 / max(_block(f, 2), 1e-3))) for k, f in calls.items()}
-    times: dict[str, list[float]] = {k: [] for k in calls}
-    for _ in range(rounds):
-        for k, f in calls.items():
-            times[k].append(_block(f, per_block[k]))
-    return statistics.median(times["ort"]), statistics.median(times["oxla"]), diff
+    med = _interleaved({"ort": lambda: ort_sess.run(None, feeds), "oxla": lambda: ox_sess.run(None, feeds)},
+                       rounds, 20.0)
+    return med["ort"], med["oxla"], diff
 
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+class _Context:
+    """The two things the recurrent rules ask of their context."""
+
+    def expect_rank(self, name: str, value: Any, rank: int) -> None:
+        if value.ndim != rank:
+            raise ValueError(f"{name} must have rank {rank}")
+
+    def fail(self, message: str) -> Exception:
+        return ValueError(message)
+
+
+def _rules_from(path: Path) -> Any:
+    """A copy of an rnn.py (this tree's or an older one) whose rules stay out of the registry."""
+    import types
+
+    source = path.read_text().replace("from oxla.lowering.registry import rule",
+                                      "rule = lambda *a, **k: (lambda f: f)  # noqa: E731")
+    module = types.ModuleType(f"rnn_{abs(hash(str(path)))}")
+    exec(compile(source, str(path), "exec"), module.__dict__)  # our own source file
+    return module
+
+
+def compare_rules(old: Path, rounds: int) -> str:
+    """The rule functions of `old` and of this tree jitted side by side in one process."""
+    import jax
+
+    rules = {"before": _rules_from(old), "after": _rules_from(ROOT / "oxla/lowering/ops/rnn.py")}
+    lines = ["| layer | before ms | after ms | after / before |", "|---|---|---|---|"]
+    for layer in LAYERS:
+        dirs = 2 if layer.direction == "bidirectional" else 1
+        gates = {"LSTM": 4, "GRU": 3}[layer.op] * layer.hidden
+        rng = np.random.default_rng(0)
+        args = [rng.standard_normal(s).astype(np.float32) * 0.1 for s in (
+            (layer.steps, layer.batch, layer.inputs), (dirs, gates, layer.inputs),
+            (dirs, gates, layer.hidden), (dirs, 2 * gates))]
+        attrs: dict[str, Any] = {"hidden_size": layer.hidden, "direction": layer.direction}
+        if layer.op == "GRU":
+            attrs["linear_before_reset"] = layer.linear_before_reset
+        fns = {k: jax.jit(functools.partial(getattr(m, layer.op.lower()), _Context(), **attrs))
+               for k, m in rules.items()}
+        med = _interleaved({k: lambda f=f, a=args: jax.block_until_ready(f(*a)) for k, f in fns.items()},
+                           rounds, 20.0)
+        lines.append(f"| {layer.name} | {med['before']:.3f} | {med['after']:.3f} | "
+                     f"{med['after'] / med['before']:.2f}x |")
+    return "\n".join(lines)
 
 
 def _child(tree: Path, rounds: int) -> list[tuple[float, float, float]]:
@@ -151,6 +205,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, tree in trees.items():
             runs[name].append(_child(tree, args.rounds))
     text = table(runs)
+    if args.baseline:
+        old = Path(args.baseline).resolve() / "oxla/lowering/ops/rnn.py"
+        text += ("\n\nThe same layers' rule functions, the baseline's and this tree's, jitted side by side "
+                 "in one process (no session, no onnxruntime):\n\n" + compare_rules(old, args.rounds))
     print(text)
     if args.write:
         write_results(args.write, "Recurrent layers", "rnn", argv,

@@ -198,6 +198,17 @@ def test_conv_integer(zero_points: str) -> None:
     assert got[0].dtype == np.int32
 
 
+@pytest.mark.parametrize("kernel", [3, 1])
+def test_conv_integer_depthwise_and_pointwise(kernel: int) -> None:
+    # the int32 sums go through the same forms as Conv (taps for depthwise, dot for 1x1)
+    x = RNG.integers(0, 255, (1, 4, 6, 5)).astype(np.uint8)
+    wu = RNG.integers(0, 255, (4, 4 if kernel == 1 else 1, kernel, kernel)).astype(np.uint8)
+    attrs = {"group": 1 if kernel == 1 else 4, "pads": [kernel // 2] * 4}
+    got = check_node("ConvInteger", {"x": x, "w": wu, "x_zero_point": np.array(3, np.uint8),
+                                     "w_zero_point": np.array(7, np.uint8)}, **attrs)
+    assert got[0].dtype == np.int32
+
+
 def test_conv_integer_per_channel_w_zero_point() -> None:
     wu = RNG.integers(0, 255, (3, 2, 3, 3)).astype(np.uint8)
     wz = np.array([1, 128, 255], np.uint8)

@@ -121,6 +121,38 @@ def test_lstm_gradient_matches_finite_differences() -> None:
     np.testing.assert_allclose(grad[index], numeric, rtol=1e-2)
 
 
+def _long(op: str) -> dict[str, np.ndarray | None]:
+    """16 steps of batch 4: R is laid out transposed before the time loop (steps * batch >= 64)."""
+    g = GATES[op]
+    return {"X": w(16, 4, INPUT), "W": w(2, g * H, INPUT), "R": w(2, g * H, H),
+            "B": w(2, 2 * g * H)}
+
+
+@pytest.mark.parametrize("op, attrs", [("RNN", {}), ("GRU", {}), ("GRU", {"linear_before_reset": 1}),
+                                       ("LSTM", {})])
+def test_long_batched_sequences(op: str, attrs: dict) -> None:
+    check_node(op, _long(op), ["Y", "Y_h"], hidden_size=H, direction="bidirectional", **attrs, **TOL)
+
+
+def test_gru_gradient_with_transposed_recurrent_weights() -> None:
+    # float64 throughout: central differences in float32 would not resolve 1e-5
+    feeds = {k: np.asarray(v, np.float64) for k, v in _long("GRU").items() if v is not None}
+    model = node_model("GRU", feeds, ["Y"], hidden_size=H, direction="bidirectional")
+    compiled = oxla.compile(model)
+
+    @jax.jit
+    def loss(r: jax.Array) -> jax.Array:
+        return compiled.fn(compiled.params, {**feeds, "R": r})["Y"].sum()
+
+    r = feeds["R"]
+    grad = np.asarray(jax.grad(loss)(r))
+    eps, index = 1e-4, (1, 7, 2)
+    bump = np.zeros_like(r)
+    bump[index] = eps
+    numeric = (loss(r + bump) - loss(r - bump)) / (2 * eps)
+    np.testing.assert_allclose(grad[index], numeric, rtol=1e-5)
+
+
 def test_wrong_direction_count_is_an_error() -> None:
     feeds = inputs("GRU", dirs=1)
     model = node_model("GRU", feeds, outputs("GRU"), hidden_size=H, direction="bidirectional")

@@ -190,11 +190,17 @@ def dot(x: Any, w: Any, strides: Sequence[int], padding: Pads, dilations: Sequen
     xp = pad(x, padding)
     nopad = [(0, 0)] * len(kernel)
     wins: list[Any] = [window(xp, tap, out, strides, nopad, dilations)
-            for tap in itertools.product(*[range(k) for k in kernel])]
+                       for tap in itertools.product(*[range(k) for k in kernel])]
     # cols (N, C, K, *O) -> (N, G, Cg*K, P); W (M, Cg, *K) -> (G, M/G, Cg*K): same (c, k) order
     cols = jnp.stack(wins, axis=2).reshape((n, group, cg * math.prod(kernel), math.prod(out)))
     wg = w.reshape((group, m // group, cg * math.prod(kernel)))
-    y = jnp.einsum("gmk,ngkp->ngmp", wg, cols, preferred_element_type=accumulator(x.dtype))
+    acc = accumulator(x.dtype)
+    if n == group == 1:
+        # a plain (M, K) x (K, P) product keeps X and Y in place; the batched form made XLA copy
+        # X to (P, K) and Y back
+        y = lax.dot_general(wg[0], cols[0, 0], (((1,), (0,)), ((), ())), preferred_element_type=acc)
+    else:
+        y = jnp.einsum("gmk,ngkp->ngmp", wg, cols, preferred_element_type=acc)
     return y.reshape((n, m, *out)).astype(x.dtype)
 
 
