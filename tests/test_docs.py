@@ -27,7 +27,7 @@ def python_blocks(text: str) -> list[tuple[str, str]]:
 
 def runnable(path: Path) -> str:
     """The file's runnable blocks joined in order, each prefixed with a comment saying where."""
-    text = path.read_text()
+    text = path.read_text(encoding="utf-8")
     parts = []
     for info, code in python_blocks(text):
         if info == "no-run":
@@ -39,7 +39,7 @@ def runnable(path: Path) -> str:
 
 def test_fences_are_known() -> None:
     for path in DOCS:
-        for info, _ in python_blocks(path.read_text()):
+        for info, _ in python_blocks(path.read_text(encoding="utf-8")):
             assert info in ("", "no-run"), f"{path.name}: unknown fence 'python {info}'"
 
 

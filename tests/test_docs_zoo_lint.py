@@ -13,7 +13,7 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
 def _python_blocks(name: str) -> list[str]:
-    return re.findall(r"```python\n(.*?)```", (DOCS / name).read_text(), re.S)
+    return re.findall(r"```python\n(.*?)```", (DOCS / name).read_text(encoding="utf-8"), re.S)
 
 
 def test_python_in_the_docs_runs_as_pasted(tmp_path: Path) -> None:
@@ -30,6 +30,6 @@ def test_python_in_the_docs_runs_as_pasted(tmp_path: Path) -> None:
 
 
 def test_rule_table_lists_every_rule_with_its_severity() -> None:
-    rows = re.findall(r"^\| `([a-z-]+)` \| (error|warning|info) \|", (DOCS / "lint.md").read_text(), re.M)
+    rows = re.findall(r"^\| `([a-z-]+)` \| (error|warning|info) \|", (DOCS / "lint.md").read_text(encoding="utf-8"), re.M)
     assert dict(rows) == {r.id: r.severity for r in RULES.values()}
     assert len(rows) == len(RULES)

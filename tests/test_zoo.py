@@ -76,7 +76,7 @@ def _run(*args: str | Path) -> int:
 
 
 def _statuses(report: Path) -> dict[str, tuple[str, str]]:
-    models = json.loads(report.read_text())["models"]
+    models = json.loads(report.read_text(encoding="utf-8"))["models"]
     return {Path(m["path"]).name: (m["status"], m["stage"]) for m in models}
 
 
@@ -90,7 +90,7 @@ def test_one_run_classifies_each_model_and_finishes(tmp_path: Path) -> None:
         "wrong_output": ("fail", "compare"), "truncated": ("error", "load"),
         "unknown_op": ("error", "classify"), "endless_loop": ("timeout", "run"),
     }
-    doc = json.loads(report.read_text())
+    doc = json.loads(report.read_text(encoding="utf-8"))
     assert doc["summary"]["counts"] == {"pass": 2, "fail": 1, "error": 2, "timeout": 1, "crash": 0}
     by_name = {Path(m["path"]).name: m for m in doc["models"]}
     wrong = by_name["wrong_output"]["outputs"][0]
@@ -98,7 +98,7 @@ def test_one_run_classifies_each_model_and_finishes(tmp_path: Path) -> None:
     assert by_name["unknown_op"]["ops"] == ["com.example::Frobnicate"]
     assert "not a valid ONNX protobuf" in by_name["truncated"]["message"]
     assert by_name["good"]["first_run_s"] > 0 and by_name["good"]["latency_ms"] > 0
-    html = page.read_text()
+    html = page.read_text(encoding="utf-8")
     assert "Failures by stage" in html and "com.example::Frobnicate" in html
     assert "<script src" not in html and "<link" not in html  # self-contained
 
@@ -125,7 +125,7 @@ def test_history_reports_a_regression_and_reruns_only_what_changed(tmp_path: Pat
     (broken / "test_data_set_0" / "output_0.pb").write_bytes(
         numpy_helper.from_array(np.zeros_like(X)).SerializeToString())
     assert _run(zoo, *common) == 1
-    doc = json.loads(report.read_text())
+    doc = json.loads(report.read_text(encoding="utf-8"))
     assert [Path(p).name for p in doc["summary"]["regressions"]] == ["b"]
     cached = {Path(m["path"]).name: m["cached"] for m in doc["models"]}
     assert cached == {"a": True, "b": False}  # only the changed case ran again
@@ -227,5 +227,5 @@ def test_a_worker_that_dies_is_a_crash(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    (model,) = json.loads((tmp_path / "out.json").read_text())["models"]
+    (model,) = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))["models"]
     assert model["status"] == "crash" and "if __name__" in model["message"]

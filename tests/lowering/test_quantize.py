@@ -173,7 +173,9 @@ def test_qlinear_matmul_per_row_and_column() -> None:
     a = feeds["a"].astype(np.float64) - feeds["za"][:, None]
     b = feeds["b"].astype(np.float64) - feeds["zb"]
     want = (a @ b) * feeds["sa"][:, None] * feeds["sb"] / feeds["sy"] + 10
-    np.testing.assert_array_equal(got, np.clip(np.rint(want), 0, 255).astype(np.uint8))
+    # oxla requantizes in float32 as onnxruntime's kernel does; this float64 reference can land on
+    # the other side of a rounding tie: one quantization step at most
+    np.testing.assert_allclose(got, np.clip(np.rint(want), 0, 255), atol=1)
 
 
 # weights stay within +-60: onnxruntime's u8 x s8 kernels saturate pairwise int16 sums beyond that
