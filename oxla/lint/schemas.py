@@ -62,7 +62,7 @@ def load_grandfather(path: str | os.PathLike[str] | None = None) -> frozenset[st
     """
     p = Path(path) if path is not None else GRANDFATHER
     try:
-        data = json.loads(p.read_text())
+        data = json.loads(p.read_text(encoding="utf-8"))
         exceptions = data["exceptions"]
         return frozenset(f"{rule}: {subject}" for rule, subjects in exceptions.items()
                          for subject in subjects)
@@ -94,5 +94,5 @@ def write_grandfather(path: str | os.PathLike[str], findings: Iterable[Finding],
     data = {"about": about, "exceptions": {r: sorted(s) for r, s in sorted(exceptions.items())}}
     p = Path(path)
     tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, p)

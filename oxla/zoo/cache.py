@@ -97,7 +97,7 @@ class ResultCache:
         if key is None:
             return None
         try:
-            data: dict[str, Any] = json.loads(self._path(key).read_text())
+            data: dict[str, Any] = json.loads(self._path(key).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
         self.hits += 1
@@ -112,6 +112,6 @@ class ResultCache:
         path.parent.mkdir(parents=True, exist_ok=True)
         # write then rename: a concurrent or interrupted run never reads half a file
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(result.to_json(), f)
         os.replace(tmp, path)

@@ -140,5 +140,5 @@ def _write_text(path: Path, text: str) -> None:
     if path.parent != Path():
         path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)

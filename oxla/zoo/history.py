@@ -18,7 +18,7 @@ def read_history(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     Lines that are not JSON objects (a run killed mid-write) are skipped.
     """
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         return []
     entries = []
