@@ -6,6 +6,7 @@ import argparse
 import importlib.util
 import sys
 import time
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,13 +133,15 @@ class _Data:
 def load_data(path: Path) -> _Data:
     """x_train/y_train (or x/y) and the optional x_test/y_test of a .npz file."""
     try:
-        arrays = dict(np.load(path))
-    except (OSError, ValueError) as e:
+        arrays = dict(np.load(path, allow_pickle=False))
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # a truncated .npz is a bad zip
         raise InputError(f"cannot read data file '{path}': {e}") from None
     x = arrays.get("x_train", arrays.get("x"))
     y = arrays.get("y_train", arrays.get("y"))
     if x is None or y is None:
         raise InputError(f"'{path}' must hold x_train and y_train (or x and y); it has {sorted(arrays)}")
+    if x.ndim == 0 or y.ndim == 0:
+        raise InputError(f"'{path}': x and y must hold one row per sample, got shapes {x.shape} and {y.shape}")
     if len(x) != len(y):
         raise InputError(f"'{path}': x has {len(x)} samples but y has {len(y)}")
     return _Data(x, y, arrays.get("x_test"), arrays.get("y_test"))

@@ -121,6 +121,16 @@ def test_train_refuses_bad_requests(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "cannot read data file" in capsys.readouterr().err
     assert main(["train", str(model), "--data", str(data), "--out", str(tmp_path / "no" / "x.onnx")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    truncated = tmp_path / "truncated.npz"
+    truncated.write_bytes(data.read_bytes()[:200])
+    assert main(["train", str(model), "--data", str(truncated)]) == 2
+    assert "cannot read data file" in capsys.readouterr().err
+    scalars = tmp_path / "scalars.npz"
+    np.savez(scalars, x=np.float32(1.0), y=np.int64(1))
+    assert main(["train", str(model), "--data", str(scalars)]) == 2
+    assert "must hold one row per sample" in capsys.readouterr().err
+    assert main(["train", str(model), "--data", str(data), "--epochs", "0", "--out", str(tmp_path)]) == 2
+    assert "it is a directory" in capsys.readouterr().err
 
 
 RECIPE_FLAGS = ["--optimizer", "adamw", "--lr", "0.02", "--weight-decay", "0.05", "--schedule", "cosine",
