@@ -130,6 +130,16 @@ class _Data:
     y_test: np.ndarray | None
 
 
+def _meta_int(meta: dict[str, str], key: str, default: int) -> int:
+    """An integer the checkpoint's metadata_props hold (epoch, seed); anything else is refused."""
+    text = meta.get(key, str(default))
+    try:
+        return int(text)
+    except ValueError:
+        raise TrainingError(f"the checkpoint's metadata '{key}' is {text!r}, not a whole number; "
+                            "it was not written by oxla train, or was edited") from None
+
+
 def load_data(path: Path) -> _Data:
     """x_train/y_train (or x/y) and the optional x_test/y_test of a .npz file."""
     try:
@@ -317,10 +327,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     model = _prepare_model(args, data)
     session = TrainingSession(model, devices=args.devices)
     meta = session.metadata
-    first = int(meta.get(META_EPOCH, "0")) if args.resume else 0
+    first = _meta_int(meta, META_EPOCH, 0) if args.resume else 0
     if not args.resume:
         session.initialize()
-    elif int(meta.get(META_SEED, args.seed)) != args.seed:
+    elif _meta_int(meta, META_SEED, args.seed) != args.seed:
         print(f"oxla train: note: the checkpoint was shuffled with seed {meta[META_SEED]}, "
               f"continuing with --seed {args.seed}", file=sys.stderr)
     if len(data.x) < args.batch_size:

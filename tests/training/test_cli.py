@@ -188,3 +188,17 @@ def test_external_data_checkpoints_resume(tmp_path: Path) -> None:
     got = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(str(out)).graph.initializer}
     for name, value in _weights(straight).items():
         np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_a_checkpoint_whose_epoch_is_not_a_number(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model, data = _setup(tmp_path)
+    out = tmp_path / "trained.onnx"
+    assert main(["train", str(model), "--data", str(data), "--epochs", "1", "--out", str(out), "--quiet"]) == 0
+    edited = onnx.load(out)
+    for prop in edited.metadata_props:
+        if prop.key == "oxla.training.epoch":
+            prop.value = "three"
+    onnx.save(edited, out)
+    capsys.readouterr()
+    assert main(["train", str(model), "--data", str(data), "--resume", str(out), "--epochs", "2", "--quiet"]) == 2
+    assert "metadata 'oxla.training.epoch' is 'three', not a whole number" in capsys.readouterr().err
