@@ -3,6 +3,8 @@ loader, the compiler and one run, for a bounded time; only oxla's own errors may
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -47,11 +49,11 @@ def _mutate(data: bytes, rng: np.random.Generator) -> bytes:
     return bytes(out)
 
 
-@pytest.mark.parametrize("name", ["digits_mlp", "control_flow", "transformer_encoder", "resnet_small"])
-def test_mutated_models_raise_only_oxla_errors(name: str) -> None:
+def fuzz(name: str, seconds: float) -> str:
+    """Mutate one shipped model for `seconds`; '' when only oxla errors escaped, else the defect."""
     data = (MODELS / f"{name}.onnx").read_bytes()
     rng = np.random.default_rng(sum(map(ord, name)))
-    deadline = time.monotonic() + SECONDS / 4
+    deadline = time.monotonic() + seconds
     tried = 0
     while time.monotonic() < deadline:
         mutated = _mutate(data, rng)
@@ -62,5 +64,16 @@ def test_mutated_models_raise_only_oxla_errors(name: str) -> None:
         except oxla.OxlaError:
             continue
         except Exception as e:  # anything else is a defect: show the input that caused it
-            raise AssertionError(f"mutation {tried} of {name}: {type(e).__name__}: {e}") from e
-    assert tried > 0
+            return f"mutation {tried} of {name}: {type(e).__name__}: {e}"
+    return "" if tried else f"no mutation of {name} ran"
+
+
+@pytest.mark.parametrize("name", ["digits_mlp", "control_flow", "transformer_encoder", "resnet_small"])
+def test_mutated_models_raise_only_oxla_errors(name: str) -> None:
+    # In its own process: a mutated model once left this process computing NaN in later, unrelated
+    # models (light squeezenet); until that is found, it must not poison the rest of the suite.
+    code = f"from tests.test_fuzz import fuzz; print('DEFECT ' + fuzz({name!r}, {SECONDS / 4}))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=MODELS.parent, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "DEFECT", proc.stdout[-3000:]
