@@ -229,3 +229,13 @@ def test_a_worker_that_dies_is_a_crash(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     (model,) = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))["models"]
     assert model["status"] == "crash" and "if __name__" in model["message"]
+
+
+def test_maps_compare_by_key_and_value() -> None:
+    # skl2onnx classifiers end in ZipMap: a sequence of maps (models/converters/skl_scaler_logreg)
+    from oxla.zoo.compare import compare_value
+
+    want = [{0: np.float32(0.25), 1: np.float32(0.75)}]
+    assert compare_value(want, [{0: np.float32(0.25), 1: np.float32(0.75)}], 1e-3, 1e-7).ok
+    assert not compare_value(want, [{0: np.float32(0.5), 1: np.float32(0.5)}], 1e-3, 1e-7).ok
+    assert "expected a map" in compare_value(want, [{0: np.float32(0.25)}], 1e-3, 1e-7).message

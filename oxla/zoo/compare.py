@@ -76,6 +76,12 @@ def compare_value(want: Any, got: Any, rtol: float, atol: float) -> _Gap:
         gaps = [compare_value(w, g, rtol, atol) for w, g in zip(want, got)]
         worst = _worst("", gaps)
         return _Gap(worst.ok, None, "sequence", worst.max_abs, worst.max_rel, worst.message)
+    if isinstance(want, dict):  # a map (ai.onnx.ml ZipMap and friends): same keys, close values
+        if not isinstance(got, dict) or set(got) != set(want):
+            return _Gap(False, message=f"expected a map with keys {sorted(map(str, want))[:5]}, got {_kind(got)}")
+        gaps = [compare_value(want[k], got[k], rtol, atol) for k in want]
+        worst = _worst("", gaps)
+        return _Gap(worst.ok, None, "map", worst.max_abs, worst.max_rel, worst.message)
     return _compare_tensor(np.asarray(want), got, rtol, atol)
 
 
@@ -84,6 +90,8 @@ def _kind(value: Any) -> str:
         return "an empty optional"
     if isinstance(value, list | tuple):
         return f"a sequence of {len(value)}"
+    if isinstance(value, dict):
+        return f"a map of {len(value)}"
     return f"a tensor of shape {np.shape(value)}"
 
 
