@@ -288,7 +288,12 @@ class Executor:
         lowered = jax.jit(segment).lower(*specs)
         call = None
         if record["outputs"] or record["checks"]:  # no traced outputs, no checks: no XLA
-            call = _entry(lowered.compile())
+            try:
+                compiled = lowered.compile()
+            except jax.errors.JaxRuntimeError as e:
+                raise _compile_error(e, plan.nodes[pos:len(plan.nodes) if record["stop"] is None
+                                                   else record["stop"]]) from None
+            call = _entry(compiled)
             with self._stats_lock:
                 self._compiles += 1
         return Segment(pos, record["stop"], traced, in_tree, record["outputs"], record["statics"], call,
@@ -344,6 +349,18 @@ def _runtime_error(error: Exception) -> OxlaError:
                 return cls(line[at + len(prefix):])
     first = lines[0] if lines else type(error).__name__
     return LoweringError(f"running the compiled model failed: {first}")
+
+
+def _compile_error(error: Exception, nodes: Sequence[Any]) -> LoweringError:
+    """XLA refusing to compile a traced segment (it happens on exotic dtypes such as 4-bit
+    floats in some fusions): a LoweringError naming the nodes, instead of XLA's internals."""
+    first = str(error).splitlines()[0] if str(error) else type(error).__name__
+    ops = sorted({n.op_type for n in nodes})
+    span = (f"node '{nodes[0].name or nodes[0].op_type}' to '{nodes[-1].name or nodes[-1].op_type}'"
+            if nodes else "the graph")
+    return LoweringError(f"XLA could not compile {span} (ops: {', '.join(ops[:12])}"
+                         f"{', ...' if len(ops) > 12 else ''}): {first}. Check the tensors' data "
+                         "types; please report this model to oxla.")
 
 
 def _check_code(checks: Sequence[tuple[Any, Any, str]]) -> Any:

@@ -30,6 +30,7 @@ from oxla.graph import attribute_value, canonical_domain, initializer_values, mo
 from oxla.lowering import schemas
 from oxla.lowering.context import Context, NeedStatic, Options, Scope
 from oxla.lowering.registry import Rule, known_versions
+from oxla.lowering.typecheck import check_input_types
 from oxla.lowering.values import Value, is_static, to_static, type_proto
 from oxla.lru import LRU
 from oxla.passes.classify import FUNCTION, LOCAL, NATIVE, DispatchTable
@@ -114,6 +115,8 @@ class Interpreter:
         where = node.name or node.op_type
         inputs = [_read(scope, n, where) for n in node.input]
         found = self.dispatch.get(domain, node.op_type, opset or 0)
+        if opset is not None and found.kind != LOCAL:
+            check_input_types(ref, inputs)
         if found.kind == LOCAL and found.body is not None:
             outputs = self.call_function(found.body, node, inputs, opsets, ref)
         elif opset is None:
