@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from oxla.errors import InputError, InvalidModelError, NotStaticError, OxlaError
+from oxla.host import is_regular, read_regular
 
 MAGIC = b"OXLAEXP1"
 FORMAT_VERSION = 1
@@ -61,6 +62,8 @@ class ExportResult:
 
 def is_exported(path: str | Path) -> bool:
     """Whether a file starts with the exported-model magic bytes."""
+    if not is_regular(path):  # a FIFO would block, a directory cannot be read
+        return False
     try:
         with open(path, "rb") as f:
             return f.read(len(MAGIC)) == MAGIC
@@ -334,7 +337,7 @@ def load_exported(path: str | Path) -> ExportedModel:
         InvalidModelError: the file cannot be read or is not an exported model.
     """
     try:
-        data = Path(path).read_bytes()
+        data = read_regular(path)
     except OSError as e:
         raise InvalidModelError(f"cannot read '{path}': {e}") from None
     return ExportedModel(data, str(path))

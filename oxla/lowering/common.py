@@ -6,6 +6,7 @@ rank 3 (valid: -3..2)" the same way.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -14,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
+from oxla.errors import too_large
+from oxla.host import machine_memory
 from oxla.lowering.values import is_static
 
 
@@ -41,6 +44,27 @@ def normalize_axes(cx: Any, axes: Sequence[int], rank: int) -> tuple[int, ...]:
                 raise cx.fail(f"axis {a} is out of range for rank 0 (valid: -1..0)")
         return ()
     return tuple(sorted({axis_index(cx, int(a), rank) for a in axes}))
+
+
+def memory_limit(cx: Any) -> int:
+    """The most bytes one value may take: Options.memory_limit, else the machine's memory."""
+    return cx.options.memory_limit or machine_memory()
+
+
+def check_size(cx: Any, shape: Sequence[int], dtype: Any) -> None:
+    """Refuse an output of `shape` larger than the memory limit before anything allocates it.
+
+    Rules whose output size comes from input *values* (a shape, repeats, pads, a depth, a trip
+    count) call it: folded constants and host steps compute eagerly, where the interpreter's own
+    check on the result would come after the allocation.
+    """
+    dims = [int(d) for d in shape]
+    if any(d < 0 for d in dims):
+        return  # the rule reports a negative dimension in its own words
+    size = math.prod(dims) * np.dtype(dtype).itemsize
+    limit = memory_limit(cx)
+    if size > limit:
+        raise too_large(cx.ref.describe(), dims, np.dtype(dtype), size, limit)
 
 
 def accum_dtype(dtype: Any) -> np.dtype:

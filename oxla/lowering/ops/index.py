@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from oxla.lowering.common import axis_index
+from oxla.lowering.common import axis_index, check_size
 from oxla.lowering.registry import rule
 
 
@@ -149,6 +149,9 @@ def one_hot(cx, indices, depth, values, *, axis=-1):
         raise cx.fail(f"depth must be positive, got {n}")
     rank = len(indices.shape) + 1
     ax = axis_index(cx, axis, max(rank, 1))
+    shape = list(indices.shape)
+    shape.insert(ax, n)
+    check_size(cx, shape, values.dtype)
     idx = jnp.expand_dims(indices.astype(jnp.int64), ax)  # float indices truncate, as the reference does
     idx = jnp.where(idx < 0, idx + n, idx)  # v11: negative indices count from depth
     shape = [1] * rank

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from oxla.lowering.common import check_size
 from oxla.lowering.registry import rule
 
 # tf_half_pixel_for_nn left the spec in v13 but onnxruntime accepts it in every version, and
@@ -240,6 +241,7 @@ def resize(cx, X, roi=None, scales=None, sizes=None, *, antialias=0, axes=None,
         rois = _rois(cx, roi, axes, X.ndim)
     how = _Sampling(mode, coordinate_transformation_mode, nearest_mode, cubic_coeff_a,
                     bool(exclude_outside), bool(antialias), sizes is not None)
+    check_size(cx, out_sizes, X.dtype)
     return _resample(X, how, out_sizes, full_scales, rois, extrapolation_value)
 
 
@@ -253,6 +255,7 @@ def _upsample(cx, x, scales, mode: str):
     if any(s <= 0 for s in scales):
         raise cx.fail(f"scales must be positive, got {scales}")
     out = [int(s * n) for s, n in zip(scales, x.shape)]
+    check_size(cx, out, x.dtype)
     return _resample(x, _Sampling(mode, "asymmetric", "simple"), out, scales, None)
 
 
