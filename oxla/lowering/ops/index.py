@@ -167,8 +167,10 @@ def one_hot(cx, indices, depth, values, *, axis=-1):
 def non_zero(cx, x):
     """Indices of the non-zero elements, shape (rank, count), row-major order (host op, v9+)."""
     x = np.asarray(x)
+    count = int(np.count_nonzero(x))
     if x.ndim == 0:
-        return np.zeros((0, int(np.count_nonzero(x))), np.int64)
+        return np.zeros((0, count), np.int64)
+    check_size(cx, [x.ndim, count], np.int64)  # before np.nonzero allocates the rows
     return np.stack(np.nonzero(x)).astype(np.int64)
 
 
@@ -193,6 +195,7 @@ def unique(cx, x, *, axis=None, sorted=1):
     x = np.asarray(x)
     data = x.reshape(-1) if axis is None else x
     ax = 0 if axis is None else axis_index(cx, axis, max(x.ndim, 1))
+    check_size(cx, [3, data.size], np.int64)  # first, inverse and counts: one int64 per element at most
     y, first, inverse, counts = np.unique(data, return_index=True, return_inverse=True,
                                           return_counts=True, axis=ax)
     inverse = inverse.reshape(-1)
