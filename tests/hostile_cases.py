@@ -32,6 +32,13 @@ def f32(*shape: int) -> np.ndarray:
     return np.ones(shape, np.float32)
 
 
+def _columns(n: int) -> str:
+    """Nodes making a = ones(n, 1) and b = ones(1, n) from constants (folded, never fed)."""
+    return f"""one = Constant<value = float[1, 1] {{1.0}}>()
+        sa = Constant<value = int64[2] {{{n}, 1}}>() sb = Constant<value = int64[2] {{1, {n}}}>()
+        a = Expand(one, sa) b = Expand(one, sb)"""
+
+
 # name -> (model, feeds). "rt" cases get the size from a feed (graph break, host step); "const"
 # cases get it from constants (folded while compiling); "traced" ones are refused at trace time.
 def _bombs() -> dict[str, tuple[onnx.ModelProto, dict[str, Any]]]:
@@ -91,6 +98,22 @@ def _bombs() -> dict[str, tuple[onnx.ModelProto, dict[str, Any]]]:
             out = Loop(n, c) <body = b (int64 i, bool cin) => (bool cout, float s) {
                 cout = Identity(cin) s = Constant<value = float {1.0}>() }> }"""),
                     {"n": np.array(2**62)}),
+        # small constants that combine into a huge one while folding
+        "Add-const": (text_model(f"""g (float[1] x) => (float[N, N] y) {{ {_columns(20000)}
+            t = Add(a, b)
+            y = Add(t, x) }}"""), {"x": f32(1)}),
+        "MatMul-const": (text_model(f"""g (float[1] x) => (float[N, N] y) {{ {_columns(20000)}
+            t = MatMul(a, b)
+            y = Add(t, x) }}"""), {"x": f32(1)}),
+        "Einsum-const": (text_model(f"""g (float[1] x) => (float[N, N] y) {{ {_columns(20000)}
+            u = Flatten<axis = 0>(a) v = Flatten<axis = 0>(b)
+            t = Einsum<equation = "ni,nj->ij">(u, v)
+            y = Add(t, x) }}"""), {"x": f32(1)}),
+        "Gather-const": (text_model(f"""g (float[1] x) => (float[N, N] y) {{ {_columns(20000)}
+            n = Constant<value = int64[1] {{20000}}>()
+            i = ConstantOfShape<value = int64[1] {{0}}>(n)
+            t = Gather(b, i)
+            y = Add(t, x) }}"""), {"x": f32(1)}),
         "StringSplit-rt": (onnx.parser.parse_model('<ir_version: 9, opset_import: ["" : 20]>' + """
             g (string[N] x) => (string[N, M] y, int64[N] z) { y, z = StringSplit<delimiter = " ">(x) }"""),
                            {"x": np.array(["a"] * 20000 + [" ".join(["b"] * 20000)], object)}),

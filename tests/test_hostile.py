@@ -211,6 +211,10 @@ BOMBS = {  # case -> (op, shape in the message, bytes in the message)
     "Concat-traced": ("Concat", "(134217728,) float32", "512.0 MiB"),
     "Concat-const": ("Concat", "(134217728,) float32", "512.0 MiB"),
     "Loop-rt": ("Loop", "(4611686018427387904,) float32", "16384.0 PiB"),
+    "Add-const": ("Add", "(20000, 20000) float32", "1.5 GiB"),
+    "MatMul-const": ("MatMul", "(20000, 20000) float32", "1.5 GiB"),
+    "Einsum-const": ("Einsum", "(20000, 20000) float32", "1.5 GiB"),
+    "Gather-const": ("Gather", "(20000, 20000) float32", "1.5 GiB"),
     "StringSplit-rt": ("StringSplit", "(20001, 20000) object", "3.0 GiB"),
     "StringConcat-rt": ("StringConcat", "(20000, 20000) object", "3.0 GiB"),
 }

@@ -39,6 +39,8 @@ def _element_index(cx, indices, axis: int, size: int) -> tuple:
 def gather(cx, data, indices, *, axis=0):
     """out = take(data, indices, axis); indices may be negative (v1+; v11 made that official)."""
     ax = axis_index(cx, axis, max(len(data.shape), 1))
+    # a few thousand constant indices into constant rows can make a huge constant
+    check_size(cx, [*data.shape[:ax], *indices.shape, *data.shape[ax + 1:]], data.dtype)
     if data.dtype == object:  # strings live on the host
         return np.take(data, np.asarray(_wrap(cx, cx.static(indices), data.shape[ax])), axis=ax)
     return jnp.take(data, _wrap(cx, indices, data.shape[ax]), axis=ax)

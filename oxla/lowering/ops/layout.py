@@ -234,6 +234,7 @@ def center_crop_pad(cx, input_data, shape, *, axes=None):
             before = (size - dim) // 2
             widths[a] = (before, size - dim - before)
     cropped = input_data[tuple(crop)]
+    check_size(cx, [d + lo + hi for d, (lo, hi) in zip(cropped.shape, widths)], input_data.dtype)
     return xp(cropped).pad(cropped, widths)
 
 
