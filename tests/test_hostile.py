@@ -39,6 +39,9 @@ loops, deep control flow) run in one child process (tests/hostile_cases.py) unde
 | training files        | non-numeric epoch metadata, truncated .npz, scalar x/y    | training/test_cli: test_train_refuses.. |
 |                       |                                                           |   test_a_checkpoint_whose_epoch_is_not..|
 |                       | step and run from two threads                             | test_runtime: test_training_step_and_.. |
+|                       | .npz declaring 10**12 values, FIFO or device as --data    | test_train_data_file_refusals           |
+| degenerate sizes      | Range to inf, Resize scales inf/negative, negative Tile   | test_degenerate_sizes_are_refused       |
+|                       | repeats and ConstantOfShape dims                          |                                         |
 | CLI                   | one message, exit 2: bad model, bad data file, --out a    | test_cli: test_errors_are_one_message.. |
 |                       | directory, --compare onnxruntime refusing the model       | training/test_cli: test_train_refuses.. |
 |                       | device/FIFO/directory model, device input, huge --dim     | test_cli_refusals                       |
@@ -385,3 +388,59 @@ def test_cli_refusals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
         err = capsys.readouterr().err
         assert err.count("oxla: error:") == 1 and "Traceback" not in err, (argv, err)
         assert re.search(message, err), (argv, err)
+
+
+def _npz_declaring(path: Path, shape: tuple[int, ...]) -> None:
+    """An .npz whose x.npy header declares `shape` float32 but holds 16 bytes."""
+    import io
+    import zipfile
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    labels = io.BytesIO()
+    np.save(labels, np.zeros(3, np.int64))
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("x.npy", header.getvalue() + b"\0" * 16)
+        z.writestr("y.npy", labels.getvalue())
+
+
+def test_train_data_file_refusals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = str(ROOT / "models" / "digits_mlp.onnx")
+    _npz_declaring(tmp_path / "bomb.npz", (10**12,))
+    os.mkfifo(tmp_path / "fifo.npz")
+    cases = [
+        (tmp_path / "bomb.npz", "Unable to allocate 3.64 TiB"),   # was a MemoryError traceback
+        (tmp_path / "fifo.npz", "not a regular file"),             # was a hang
+        (Path("/dev/zero"), "not a regular file"),
+    ]
+    for data, message in cases:
+        assert main(["train", model, "--data", str(data), "--epochs", "1"]) == 2, data
+        err = capsys.readouterr().err
+        assert err.count("oxla: error:") == 1 and "Traceback" not in err, (data, err)
+        assert f"cannot read data file '{data}'" in err and message in err, (data, err)
+
+
+# --- degenerate values: NaN, infinities, negatives where a size is computed -------------------
+
+DEGENERATE = [
+    ("Range", "g (float s, float l, float d) => (float[N] y) { y = Range(s, l, d) }",
+     {"s": np.float32(0), "l": np.float32(np.inf), "d": np.float32(1)},
+     "Range node .*start, limit and delta must be finite, got 0.0, inf, 1.0"),
+    ("Resize-inf", 'g (float[1, 1, 2, 2] x, float[4] s) => (float[N, N, N, N] y) { y = Resize<mode = "nearest">(x, , s) }',
+     {"x": np.ones((1, 1, 2, 2), np.float32), "s": np.array([1, 1, np.inf, 1], np.float32)},
+     r"Resize node .*scales must be positive and finite, got \[1.0, 1.0, inf, 1.0\]"),
+    ("Resize-negative", 'g (float[1, 1, 2, 2] x, float[4] s) => (float[N, N, N, N] y) { y = Resize<mode = "nearest">(x, , s) }',
+     {"x": np.ones((1, 1, 2, 2), np.float32), "s": np.array([1, 1, -2, 1], np.float32)},
+     r"Resize node .*scales must be positive and finite, got \[1.0, 1.0, -2.0, 1.0\]"),
+    ("Tile-negative", "g (float[2] x, int64[1] r) => (float[N] y) { y = Tile(x, r) }",
+     {"x": np.ones(2, np.float32), "r": np.array([-3])}, r"Tile node .*repeats \(-3,\) must hold one non-negative"),
+    ("ConstantOfShape-negative", "g (int64[2] s) => (float[N, M] y) { y = ConstantOfShape(s) }",
+     {"s": np.array([-1, 5])}, r"ConstantOfShape node .*shape \(-1, 5\) has a negative dim"),
+]
+
+
+@pytest.mark.parametrize("case,text,feeds,message", DEGENERATE, ids=[c[0] for c in DEGENERATE])
+def test_degenerate_sizes_are_refused(case: str, text: str, feeds: dict[str, Any], message: str) -> None:
+    sess = oxla.InferenceSession(text_model(text).SerializeToString())
+    with pytest.raises(oxla.LoweringError, match=message):
+        sess.run(None, feeds)
