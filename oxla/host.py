@@ -29,6 +29,21 @@ def read_regular(path: str | os.PathLike[str]) -> bytes:
         return f.read()
 
 
+def check_replaceable(path: str | os.PathLike[str]) -> None:
+    """Refuse to replace `path` by renaming a temp file over it unless it is absent or a regular
+    file: renaming over /dev/null (as root) or a directory would replace it.
+
+    Raises:
+        OSError: it exists and is a directory, a device, a FIFO, a socket or a link to one.
+    """
+    if not os.path.lexists(path) or is_regular(path):
+        return
+    if os.path.isdir(path):
+        raise OSError(errno.EISDIR, "it is a directory", str(path))
+    raise OSError(errno.EINVAL, "it is not a regular file (a device, FIFO or socket); writing "
+                  "would replace it", str(path))
+
+
 def is_regular(path: str | os.PathLike[str]) -> bool:
     """Whether `path` names a regular file (symlinks followed); never opens it."""
     try:

@@ -45,6 +45,7 @@ loops, deep control flow) run in one child process (tests/hostile_cases.py) unde
 | CLI                   | one message, exit 2: bad model, bad data file, --out a    | test_cli: test_errors_are_one_message.. |
 |                       | directory, --compare onnxruntime refusing the model       | training/test_cli: test_train_refuses.. |
 |                       | device/FIFO/directory model, device input, huge --dim     | test_cli_refusals                       |
+|                       | export -o / lint --fix onto a device, FIFO or directory   | test_cli_never_renames_over_a_special.. |
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 from collections.abc import Callable
@@ -388,6 +390,22 @@ def test_cli_refusals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
         err = capsys.readouterr().err
         assert err.count("oxla: error:") == 1 and "Traceback" not in err, (argv, err)
         assert re.search(message, err), (argv, err)
+
+
+@pytest.mark.parametrize("command", ["export", "lint"])
+def test_cli_never_renames_over_a_special_file(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                               command: str) -> None:
+    # `oxla export -o /dev/null` as root once replaced /dev/null with the artifact; a FIFO
+    # stands in for the device here (a regression must not break the machine running the test)
+    digits = str(ROOT / "models" / "digits_mlp.onnx")
+    fifo = tmp_path / "out"
+    os.mkfifo(fifo)
+    for target, message in [(fifo, "it is not a regular file"), (tmp_path, "it is a directory")]:
+        argv = ["export", digits, "-o", str(target)] if command == "export" else ["lint", digits, "--fix", str(target)]
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("oxla: error:") == 1 and message in err, (argv, err)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
 def _npz_declaring(path: Path, shape: tuple[int, ...]) -> None:
