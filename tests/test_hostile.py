@@ -14,6 +14,7 @@ loops, deep control flow) run in one child process (tests/hostile_cases.py) unde
 |                       | opset 999 of ai.onnx.ml; unknown domain's ops             | test_opsets_*                           |
 |                       | NUL byte in an external-data location                     | test_load: test_hostile_external_data.. |
 |                       | directory, /dev/zero, FIFO, symlink to a device as model  | test_non_regular_model_files            |
+|                       | exported artifacts (.oxla) with a damaged header/program  | test_damaged_exported_models            |
 | external data         | absolute path, '..', symlink out, offset 2**70,           | test_load: test_external_data_*,        |
 |                       | length 2**62, length past the end                         |   test_hostile_external_data_entries    |
 |                       | Constant sparse_value outside (refused) / inside (loads)  | test_load: test_sparse_constant_*       |
@@ -180,6 +181,37 @@ def test_external_data_file_that_is_not_a_regular_file(tmp_path: Path, kind: str
         message = "not a regular file"
     with pytest.raises(InvalidModelError, match=f"tensor 'w'.*{message}"):
         oxla.InferenceSession(str(path))
+
+
+def _damaged_export(edit: Callable[[dict[str, Any]], None], payload: bytes | None = None) -> bytes:
+    """FEED_MODEL exported, then its JSON header edited (and its program replaced)."""
+    import struct
+
+    data = oxla.export_model(FEED_MODEL).data
+    (size,) = struct.unpack_from("<I", data, 8)
+    header = json.loads(data[12:12 + size])
+    edit(header)
+    blob = json.dumps(header).encode()
+    return data[:8] + struct.pack("<I", len(blob)) + blob + (data[12 + size:] if payload is None else payload)
+
+
+def _set_input(key: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    return lambda header: header["inputs"][0].__setitem__(key, value)
+
+
+@pytest.mark.parametrize("edit,payload,message", [
+    (_set_input("shape", [-5, 3]), None, r"damaged export header: .*'a' has shape \[-5, 3\]"),
+    (_set_input("shape", "abc"), None, "damaged export header: .*'a' has shape 'abc'"),
+    (_set_input("dtype", "foo"), None, "damaged export header: .*'a' has unknown dtype 'foo'"),
+    (_set_input("index_bound", -3), None, "damaged export header: input 'a' has index_bound -3"),
+    (lambda header: header.__setitem__("inputs", {"a": 1}), None, "damaged export header"),
+    (lambda header: None, b"\0garbage" * 10, "cannot deserialize the exported program"),
+], ids=["negative-dim", "shape-not-a-list", "unknown-dtype", "index-bound", "inputs-not-a-list", "program"])
+def test_damaged_exported_models(tmp_path: Path, edit: Callable[[dict[str, Any]], None],
+                                 payload: bytes | None, message: str) -> None:
+    (tmp_path / "m.oxla").write_bytes(_damaged_export(edit, payload))
+    with pytest.raises(InvalidModelError, match=message):
+        oxla.load_exported(tmp_path / "m.oxla").run(None, {"a": A, "b": A})
 
 
 # --- resource bombs, long loops, deep control flow (one child process) -----------------------
