@@ -18,7 +18,10 @@ def read_regular(path: str | os.PathLike[str]) -> bytes:
             never end and a FIFO would block, so neither is read (strerror says which).
     """
     # O_NONBLOCK: opening a FIFO must not wait for a writer; for a regular file it means nothing
-    fd = os.open(Path(path), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        fd = os.open(Path(path), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except ValueError:  # Python refuses a path with a NUL byte before the OS sees it
+        raise OSError(errno.EINVAL, "the path contains a NUL byte", str(path)) from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, NOT_REGULAR, str(path))

@@ -14,6 +14,7 @@ loops, deep control flow) run in one child process (tests/hostile_cases.py) unde
 |                       | opset 999 of ai.onnx.ml; unknown domain's ops             | test_opsets_*                           |
 |                       | NUL byte in an external-data location                     | test_load: test_hostile_external_data.. |
 |                       | directory, /dev/zero, FIFO, symlink to a device as model  | test_non_regular_model_files            |
+|                       | a NUL byte in the model's path                            | test_a_nul_byte_in_the_model_path       |
 |                       | exported artifacts (.oxla) with a damaged header/program  | test_damaged_exported_models            |
 | external data         | absolute path, '..', symlink out, offset 2**70,           | test_load: test_external_data_*,        |
 |                       | length 2**62, length past the end                         |   test_hostile_external_data_entries    |
@@ -91,6 +92,13 @@ def test_non_regular_model_files(tmp_path: Path, kind: str) -> None:
         os.symlink("/dev/zero", path)  # reading it would never end
     with pytest.raises(InvalidModelError, match=r"cannot read model file .*not a regular file"):
         oxla.InferenceSession(str(path))
+
+
+def test_a_nul_byte_in_the_model_path() -> None:
+    with pytest.raises(InvalidModelError, match="cannot read model file .*the path contains a NUL byte"):
+        oxla.InferenceSession("model\0.onnx")
+    with pytest.raises(InvalidModelError, match="the path contains a NUL byte"):
+        oxla.load_exported("model\0.oxla")
 
 
 def test_opsets_newer_than_onnx_knows_in_any_onnx_domain() -> None:
