@@ -117,6 +117,11 @@ def _bombs() -> dict[str, tuple[onnx.ModelProto, dict[str, Any]]]:
         "StringSplit-rt": (onnx.parser.parse_model('<ir_version: 9, opset_import: ["" : 20]>' + """
             g (string[N] x) => (string[N, M] y, int64[N] z) { y, z = StringSplit<delimiter = " ">(x) }"""),
                            {"x": np.array(["a"] * 20000 + [" ".join(["b"] * 20000)], object)}),
+        "Tokenizer-rt": (onnx.parser.parse_model(
+            '<ir_version: 9, opset_import: ["" : 20, "com.microsoft" : 1]>' + """
+            g (string[N] x) => (string[N, M] y) {
+                y = com.microsoft.Tokenizer<mark = 0, mincharnum = 1, pad_value = "#", tokenexp = ".">(x) }"""),
+                         {"x": np.array(["a"] * 20000 + ["b" * 20000], object)}),
         "StringConcat-rt": (onnx.parser.parse_model('<ir_version: 9, opset_import: ["" : 20]>' + """
             g (string[N, 1] x, string[1, M] y) => (string[N, M] z) { z = StringConcat(x, y) }"""),
                             {"x": np.full((20000, 1), "a", object), "y": np.full((1, 20000), "b", object)}),
