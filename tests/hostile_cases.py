@@ -32,6 +32,19 @@ def f32(*shape: int) -> np.ndarray:
     return np.ones(shape, np.float32)
 
 
+def _png_header(width: int, height: int) -> bytes:
+    """A 69-byte PNG whose header claims width x height RGB pixels."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+            + chunk(b"IEND", b""))
+
+
 def _columns(n: int) -> str:
     """Nodes making a = ones(n, 1) and b = ones(1, n) from constants (folded, never fed)."""
     return f"""one = Constant<value = float[1, 1] {{1.0}}>()
@@ -122,6 +135,9 @@ def _bombs() -> dict[str, tuple[onnx.ModelProto, dict[str, Any]]]:
             g (string[N] x) => (string[N, M] y) {
                 y = com.microsoft.Tokenizer<mark = 0, mincharnum = 1, pad_value = "#", tokenexp = ".">(x) }"""),
                          {"x": np.array(["a"] * 20000 + ["b" * 20000], object)}),
+        "ImageDecoder-rt": (onnx.parser.parse_model('<ir_version: 9, opset_import: ["" : 20]>' + """
+            g (uint8[N] x) => (uint8[H, W, C] y) { y = ImageDecoder(x) }"""),
+                            {"x": np.frombuffer(_png_header(12000, 12000), np.uint8)}),
         "StringConcat-rt": (onnx.parser.parse_model('<ir_version: 9, opset_import: ["" : 20]>' + """
             g (string[N, 1] x, string[1, M] y) => (string[N, M] z) { z = StringConcat(x, y) }"""),
                             {"x": np.full((20000, 1), "a", object), "y": np.full((1, 20000), "b", object)}),

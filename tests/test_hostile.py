@@ -25,7 +25,8 @@ loops, deep control flow) run in one child process (tests/hostile_cases.py) unde
 |                       | a FIFO or device as the data file                         |                                         |
 | resource bombs        | ConstantOfShape, Expand, Tile, Pad, Range, Resize, OneHot | test_bomb_is_refused_before_allocating  |
 |                       | (depth 1e12), NonZero, Concat doublings, Loop 2**62 with  |   (child process), test_peak_rss_..     |
-|                       | a scan output, StringSplit, StringConcat, Tokenizer; sizes| test_resources (traced shapes)          |
+|                       | a scan output, StringSplit, StringConcat, Tokenizer,      | test_resources (traced shapes)          |
+|                       | ImageDecoder (a 69-byte PNG claiming 12000x12000); sizes  |                                         |
 |                       | fed at run time (host steps), folded from constants;      |                                         |
 |                       | Add/MatMul/Einsum/Gather of small constants               |                                         |
 |                       | `oxla run --dim N=10**12` / `N=1e12`                      | test_cli_refusals                       |
@@ -263,6 +264,7 @@ BOMBS = {  # case -> (op, shape in the message, bytes in the message)
     "Gather-const": ("Gather", "(20000, 20000) float32", "1.5 GiB"),
     "StringSplit-rt": ("StringSplit", "(20001, 20000) object", "3.0 GiB"),
     "Tokenizer-rt": ("Tokenizer", "(20001, 20000) object", "3.0 GiB"),
+    "ImageDecoder-rt": ("ImageDecoder", "(12000, 12000, 3) uint8", "412.0 MiB"),  # a 69-byte PNG
     "StringConcat-rt": ("StringConcat", "(20000, 20000) object", "3.0 GiB"),
 }
 
