@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import stat
 from pathlib import Path
@@ -55,6 +56,7 @@ def is_regular(path: str | os.PathLike[str]) -> bool:
         return False
 
 
+@functools.cache
 def machine_memory() -> int:
     """Physical memory in bytes (the default limit for one value)."""
     try:

@@ -33,6 +33,7 @@ loops, deep control flow) run in one child process (tests/hostile_cases.py) unde
 | feeds                 | wrong dtype, wrong shape/rank, too few, unknown names,    | test_bad_feeds (InferenceSession, with  |
 |                       | a list or None instead of a dict                          |   ort options, backend rep, compile)    |
 |                       | a ragged nested list                                      | test_ragged_list_feed (xfail: session)  |
+| memory budget         | oxla.compile(memory_limit=...)                            | test_compile_takes_the_memory_limit     |
 | runtime indices       | Gather, GatherElements, GatherND, ScatterElements,        | test_index: test_runtime_indices_out_.. |
 |                       | ScatterND out of range: InputError naming the node        |                                         |
 | caches                | 300 batch sizes                                           | test_runtime: test_cache_stays_at_its.. |
@@ -368,6 +369,16 @@ def test_compiled_model_takes_a_dict_only(feeds: Any) -> None:
                                          r"the model's inputs are \['a', 'b'\]"):
         run(feeds)
     assert np.asarray(run({"a": A, "b": A})["y"]).tolist() == (2 * A).tolist()
+
+
+def test_compile_takes_the_memory_limit() -> None:
+    tile = text_model("g (float[2] x, int64[1] r) => (float[N] y) { y = Tile(x, r) }")
+    compiled = oxla.compile(tile, memory_limit=1 << 20)
+    x = np.ones(2, np.float32)
+    assert np.asarray(compiled({"x": x, "r": np.array([3])})["y"]).tolist() == [1.0] * 6
+    with pytest.raises(oxla.ResourceError, match=r"Tile node .*\(262146,\) float32 would take 1.0 MiB, more "
+                                                 r"than the memory limit 1.0 MiB"):
+        compiled({"x": x, "r": np.array([131073])})
 
 
 @pytest.mark.xfail(strict=True, raises=ValueError,
