@@ -30,8 +30,10 @@ loops, deep control flow) run in one child process (tests/hostile_cases.py) unde
 |                       | fed at run time (host steps), folded from constants;      |                                         |
 |                       | Add/MatMul/Einsum/Gather of small constants               |                                         |
 |                       | `oxla run --dim N=10**12` / `N=1e12`                      | test_cli_refusals                       |
-| feeds                 | wrong dtype, wrong shape/rank, too few, unknown names,    | test_bad_feeds (InferenceSession, with  |
-|                       | a list or None instead of a dict                          |   ort options, backend rep, compile)    |
+| feeds                 | wrong dtype, wrong shape/rank, too few, unknown names,    | test_bad_feeds (InferenceSession, and   |
+|                       | a list or None instead of a dict                          |   with onnxruntime's options),          |
+|                       |                                                           | test_bad_feeds_through_the_backend,     |
+|                       |                                                           | test_compiled_model_takes_a_dict_only   |
 |                       | a ragged nested list                                      | test_ragged_list_feed (xfail: session)  |
 | memory budget         | oxla.compile(memory_limit=...)                            | test_compile_takes_the_memory_limit     |
 | runtime indices       | Gather, GatherElements, GatherND, ScatterElements,        | test_index: test_runtime_indices_out_.. |
