@@ -34,6 +34,10 @@ class OxlaRep(BackendRep):
         else:
             if isinstance(inputs, np.ndarray):
                 inputs = [inputs]
+            if not isinstance(inputs, list | tuple):
+                raise InputError(f"inputs must be a list of arrays (graph order) or a dict of input "
+                                 f"name -> array, got {type(inputs).__name__}; the model's inputs "
+                                 f"are {names}")
             inputs = list(inputs)
             if len(inputs) > len(names):
                 raise InputError(f"{len(inputs)} inputs given, the model takes {len(names)}: {names}")

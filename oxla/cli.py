@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import numpy as np
 
 from oxla.errors import InputError, OxlaError
+from oxla.host import check_replaceable
 
 if TYPE_CHECKING:
     from oxla.feeds import InputSpec
@@ -343,6 +344,7 @@ def _write_atomically(path: str, data: bytes) -> None:
     """Temp file, fsync, rename: a crash never leaves half an artifact under the final name."""
     tmp = f"{path}.tmp{os.getpid()}"
     try:
+        check_replaceable(path)
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()

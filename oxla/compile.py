@@ -10,7 +10,7 @@ import numpy as np
 from onnx import ModelProto
 
 from oxla.dtypes import to_numpy_dtype
-from oxla.errors import NotStaticError
+from oxla.errors import InputError, NotStaticError
 from oxla.executor import DEFAULT_CACHE_SIZE, Executor, RunStats, x64
 from oxla.load import ModelSource, load_model
 from oxla.lowering import ops as _ops  # noqa: F401  (registers every rule)
@@ -94,7 +94,14 @@ class CompiledModel:
     # --- running ------------------------------------------------------------------------------
 
     def __call__(self, inputs: Mapping[str, Any]) -> dict[str, Value]:
-        """Run the model on concrete inputs; compiles (and caches) what this signature needs."""
+        """Run the model on concrete inputs; compiles (and caches) what this signature needs.
+
+        Raises:
+            InputError: `inputs` is not a dict of input name -> value.
+        """
+        if not isinstance(inputs, Mapping):
+            raise InputError(f"inputs must be a dict of input name -> array, got "
+                             f"{type(inputs).__name__}; the model's inputs are {self.input_names}")
         return self._executor.run(inputs)
 
     def run_fast(self, values: list[Any]) -> Sequence[Value] | None:
@@ -131,7 +138,7 @@ def _widen(value: Any, want: np.dtype | None, narrowed: bool) -> Any:
 
 
 def compile(model: ModelSource | ModelProto, *, bake_weights: bool = False,
-            cache_size: int = DEFAULT_CACHE_SIZE) -> CompiledModel:
+            cache_size: int = DEFAULT_CACHE_SIZE, memory_limit: int | None = None) -> CompiledModel:
     """Load (if needed) and prepare a model for running.
 
     Args:
@@ -139,9 +146,12 @@ def compile(model: ModelSource | ModelProto, *, bake_weights: bool = False,
         bake_weights: put initializers into the XLA program as constants instead of passing them
             as parameters (slower compiles, sometimes faster runs).
         cache_size: how many compiled segments to keep per model.
+        memory_limit: the most bytes one value may take (default: the machine's memory); a node
+            whose output would need more raises ResourceError before anything allocates it.
 
     Returns:
         A CompiledModel; call it with a dict of inputs, or use `.fn(params, inputs)` with `.params`.
     """
     proto = load_model(model)
-    return CompiledModel(proto, Options(bake_weights=bake_weights), copy=False, cache_size=cache_size)
+    options = Options(bake_weights=bake_weights, memory_limit=memory_limit)
+    return CompiledModel(proto, options, copy=False, cache_size=cache_size)

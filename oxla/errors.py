@@ -71,6 +71,23 @@ def describe_value(value: object) -> str:
     return f"shape {tuple(shape)} {dtype}"
 
 
+def format_bytes(n: float) -> str:
+    """A byte count for people: '512 bytes', '3.8 MiB', '14.6 TiB'."""
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024:
+            return f"{int(n)} bytes" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
+def too_large(where: str, shape: Sequence[int], dtype: Any, size: int, limit: int) -> ResourceError:
+    """A value that would need more than the memory limit, refused before it is allocated."""
+    return ResourceError(
+        f"{where}: an output of shape {tuple(shape)} {dtype} would take {format_bytes(size)}, more "
+        f"than the memory limit {format_bytes(limit)}; check the inputs, or raise "
+        "Options.memory_limit / InferenceSession(memory_limit=...)")
+
+
 def rule_failure(node: NodeRef, inputs: Sequence[object], cause: BaseException) -> LoweringError:
     """Wrap an exception raised inside a rule with the node's context."""
     shapes = ", ".join(describe_value(v) for v in inputs)

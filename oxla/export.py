@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from oxla.errors import InputError, InvalidModelError, NotStaticError, OxlaError
+from oxla.host import is_regular, read_regular
 
 MAGIC = b"OXLAEXP1"
 FORMAT_VERSION = 1
@@ -61,6 +62,8 @@ class ExportResult:
 
 def is_exported(path: str | Path) -> bool:
     """Whether a file starts with the exported-model magic bytes."""
+    if not is_regular(path):  # a FIFO would block, a directory cannot be read
+        return False
     try:
         with open(path, "rb") as f:
             return f.read(len(MAGIC)) == MAGIC
@@ -305,7 +308,24 @@ def _x64() -> Any:
 
 
 def _spec(d: Mapping[str, Any]) -> TensorSpec:
-    return TensorSpec(str(d["name"]), str(d["dtype"]), tuple(d["shape"]), d.get("index_bound"))
+    """A header entry, checked: a damaged file must not reach numpy as a shape or dtype."""
+    shape = d["shape"]
+    if not isinstance(shape, list) or not all(
+            isinstance(s, str) or (isinstance(s, int) and not isinstance(s, bool) and s >= 0) for s in shape):
+        raise ValueError(f"input or output '{d['name']}' has shape {shape!r}, not a list of sizes "
+                         "and dim names")
+    bound = d.get("index_bound")
+    if bound is not None and (not isinstance(bound, int) or bound < 1):
+        raise ValueError(f"input '{d['name']}' has index_bound {bound!r}, not a positive size")
+    dtype = str(d["dtype"])
+    try:
+        np.dtype(dtype)
+    except TypeError:
+        import ml_dtypes  # bfloat16, float8 variants: numpy knows them through ml_dtypes
+
+        if not isinstance(getattr(ml_dtypes, dtype, None), type):
+            raise ValueError(f"input or output '{d['name']}' has unknown dtype {dtype!r}") from None
+    return TensorSpec(str(d["name"]), dtype, tuple(shape), bound)
 
 
 def _check(spec: TensorSpec, feeds: Mapping[str, Any]) -> np.ndarray:
@@ -334,7 +354,7 @@ def load_exported(path: str | Path) -> ExportedModel:
         InvalidModelError: the file cannot be read or is not an exported model.
     """
     try:
-        data = Path(path).read_bytes()
+        data = read_regular(path)
     except OSError as e:
         raise InvalidModelError(f"cannot read '{path}': {e}") from None
     return ExportedModel(data, str(path))

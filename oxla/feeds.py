@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import io
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from oxla.errors import InputError
+from oxla.errors import InputError, ResourceError, format_bytes
+from oxla.host import machine_memory, read_regular
 
 if TYPE_CHECKING:  # onnx is imported where a model is read: exported models run without it
     import onnx
@@ -21,9 +24,9 @@ def read_array(path: str | Path) -> Any:
     """A .npy file, or a serialized TensorProto / SequenceProto (.pb)."""
     p = Path(path)
     try:
+        data = read_regular(p)
         if p.suffix == ".npy":
-            return np.load(p, allow_pickle=False)
-        data = p.read_bytes()
+            return np.load(io.BytesIO(data), allow_pickle=False)
     except (OSError, ValueError) as e:
         raise InputError(f"cannot read input file '{p}': {e}") from None
     import onnx
@@ -123,14 +126,22 @@ def random_feeds(model: onnx.ModelProto, *, seed: int = 0, dims: Mapping[str, in
 
 def random_for_specs(specs: Sequence[InputSpec], bounds: Mapping[str, int],
                      *, seed: int = 0, dims: Mapping[str, int] | None = None, default_dim: int = 1,
-                     int_range: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
-    """Random inputs from (name, dtype, shape with ints or dim names) triples; see random_feeds."""
+                     int_range: tuple[int, int] | None = None,
+                     memory_limit: int | None = None) -> dict[str, np.ndarray]:
+    """Random inputs from (name, dtype, shape with ints or dim names) triples; see random_feeds.
+    An input over `memory_limit` bytes (default: the machine's memory) is a ResourceError."""
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     for name, dtype, shape in specs:
         if dtype is None:
             raise InputError(f"input '{name}' is not a tensor; give it with --input")
         concrete = tuple(d if isinstance(d, int) else (dims or {}).get(d, default_dim) for d in shape)
+        size = math.prod(concrete) * dtype.itemsize
+        limit = memory_limit or machine_memory()
+        if size > limit:
+            raise ResourceError(f"random input '{name}' of shape {concrete} {dtype} would take "
+                                f"{format_bytes(size)}, more than the memory limit {format_bytes(limit)}; "
+                                "give smaller --dim sizes")
         low, high = _int_range(name, bounds.get(name), int_range)
         feeds[name] = random_array(dtype, concrete, rng, low=low, high=high)
     return feeds

@@ -13,6 +13,7 @@ from google.protobuf.message import DecodeError
 from onnx import ModelProto, TensorProto
 
 from oxla.errors import InvalidModelError
+from oxla.host import read_regular
 
 # checker complaints that onnxruntime ignores too: oxla infers what the first would declare;
 # the others are ops onnxruntime registers in the default domain (its transformer optimizer
@@ -56,7 +57,7 @@ def load_model(source: ModelSource, *, base_dir: str | os.PathLike[str] | None =
     else:
         path = Path(source)
         try:
-            data = path.read_bytes()
+            data = read_regular(path)
         except OSError as e:
             raise InvalidModelError(f"cannot read model file '{path}': {e.strerror}") from None
         model = _parse(data, str(path))

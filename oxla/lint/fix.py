@@ -10,6 +10,7 @@ from pathlib import Path
 
 from onnx import ModelProto
 
+from oxla.host import check_replaceable
 from oxla.lint.graph import Body, bodies, node_reads
 from oxla.lint.model import check_unused_initializers, training_reads
 
@@ -105,6 +106,7 @@ def save_atomically(model: ModelProto, path: str | os.PathLike[str]) -> None:
     A crash leaves either the old file or the new one, never half of one.
     """
     target = Path(path)
+    check_replaceable(target)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:

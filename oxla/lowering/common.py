@@ -6,7 +6,8 @@ rank 3 (valid: -3..2)" the same way.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
@@ -14,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
+from oxla.errors import too_large
+from oxla.host import machine_memory
 from oxla.lowering.values import is_static
 
 
@@ -41,6 +44,59 @@ def normalize_axes(cx: Any, axes: Sequence[int], rank: int) -> tuple[int, ...]:
                 raise cx.fail(f"axis {a} is out of range for rank 0 (valid: -1..0)")
         return ()
     return tuple(sorted({axis_index(cx, int(a), rank) for a in axes}))
+
+
+def memory_limit(cx: Any) -> int:
+    """The most bytes one value may take: Options.memory_limit, else the machine's memory."""
+    return cx.options.memory_limit or machine_memory()
+
+
+def check_size(cx: Any, shape: Sequence[int], dtype: Any) -> None:
+    """Refuse an output of `shape` larger than the memory limit before anything allocates it.
+
+    Rules whose output size comes from input *values* (a shape, repeats, pads, a depth, a trip
+    count) call it: folded constants and host steps compute eagerly, where the interpreter's own
+    check on the result would come after the allocation.
+    """
+    if not all(isinstance(d, int | np.integer) for d in shape):
+        return  # symbolic dims (jax.export): nothing is allocated here
+    dims = [int(d) for d in shape]
+    if any(d < 0 for d in dims):
+        return  # the rule reports a negative dimension in its own words
+    size = math.prod(dims) * np.dtype(dtype).itemsize
+    limit = memory_limit(cx)
+    if size > limit:
+        raise too_large(cx.ref.describe(), dims, np.dtype(dtype), size, limit)
+
+
+def check_eager(cx: Any, fn: Callable[..., Any], *values: Any, bounded: bool = True) -> None:
+    """Before `fn(*values)` runs eagerly on static values (a folded constant, a host step),
+    refuse an output over the memory limit; traced values need nothing (the interpreter checks
+    their abstract outputs before XLA allocates them).
+
+    `bounded`: the output has at most the product of the inputs' largest dims aligned from the
+    right (broadcasting, matmul): within the limit, nothing more is computed. Otherwise (einsum)
+    the shapes are evaluated abstractly every time.
+    """
+    arrays = [v for v in values if v is not None]
+    if not all(is_static(v) for v in arrays) or any(np.dtype(v.dtype) == object for v in arrays):
+        return
+    if bounded:
+        rank = max((len(v.shape) for v in arrays), default=0)
+        dims = [1] * rank
+        for v in arrays:
+            for i, d in enumerate(reversed(v.shape)):
+                dims[i] = max(dims[i], int(d))
+        itemsize = max((np.dtype(v.dtype).itemsize for v in arrays), default=1)
+        if math.prod(dims) * max(itemsize, 8) <= memory_limit(cx):
+            return
+    specs = [None if v is None else jax.ShapeDtypeStruct(v.shape, v.dtype) for v in values]
+    try:
+        out = jax.eval_shape(fn, *specs)
+    except Exception:  # the computation itself fails: it reports that in its own words
+        return
+    for leaf in jax.tree.leaves(out):
+        check_size(cx, leaf.shape, leaf.dtype)
 
 
 def accum_dtype(dtype: Any) -> np.dtype:

@@ -15,6 +15,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from oxla.errors import InputError, TrainingError
+from oxla.host import NOT_REGULAR, is_regular
 from oxla.training.recipe import LOSSES, SCHEDULES
 
 EPILOG = """\
@@ -142,9 +143,13 @@ def _meta_int(meta: dict[str, str], key: str, default: int) -> int:
 
 def load_data(path: Path) -> _Data:
     """x_train/y_train (or x/y) and the optional x_test/y_test of a .npz file."""
+    if Path(path).exists() and not is_regular(path):  # a FIFO would block, a device never end
+        raise InputError(f"cannot read data file '{path}': {NOT_REGULAR}")
     try:
         arrays = dict(np.load(path, allow_pickle=False))
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # a truncated .npz is a bad zip
+        raise InputError(f"cannot read data file '{path}': {e}") from None
+    except MemoryError as e:  # an array header declaring more than the machine holds
         raise InputError(f"cannot read data file '{path}': {e}") from None
     x = arrays.get("x_train", arrays.get("x"))
     y = arrays.get("y_train", arrays.get("y"))

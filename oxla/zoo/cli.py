@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from oxla.errors import InputError
+from oxla.host import check_replaceable
 from oxla.zoo.cache import DEFAULT_CACHE_DIR, ResultCache, oxla_commit
 from oxla.zoo.cases import ZooCase, backend_cases, discover
 from oxla.zoo.display import Progress, failing, summary_line, table
@@ -139,6 +140,7 @@ def _write_outputs(args: argparse.Namespace, results: list[ModelResult], summary
 def _write_text(path: Path, text: str) -> None:
     if path.parent != Path():
         path.parent.mkdir(parents=True, exist_ok=True)
+    check_replaceable(path)  # an OSError: `oxla` reports it as one message
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)

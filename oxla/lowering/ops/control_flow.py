@@ -23,6 +23,7 @@ from onnx import GraphProto
 
 from oxla.errors import LoweringError, OxlaError
 from oxla.graph import graph_free_names
+from oxla.lowering.common import check_size
 from oxla.lowering.context import NeedStatic
 from oxla.lowering.registry import rule
 from oxla.lowering.values import Value, is_static
@@ -244,6 +245,7 @@ def _lax_loop(cx, step: Step, M: Value, cond: Value, v: list[Value], n_scan: int
                 return (*v, *_empty_scans(scans))
             if not start_known:
                 _require_start(cx, cond)
+            _check_scans(cx, trips, scans)
             return _scan_loop(step, trips, v)
     if n_scan and not (start_known and not early_exit):
         # The number of scan values, hence the output shapes, depends on data.
@@ -251,8 +253,15 @@ def _lax_loop(cx, step: Step, M: Value, cond: Value, v: list[Value], n_scan: int
     if n_scan and not is_static(M):
         cx.static(M, "M (the trip count decides the scan outputs' shapes)")
     if start_known and not early_exit and is_static(M):
+        _check_scans(cx, int(np.reshape(M, ())), scans)
         return _scan_loop(step, int(np.reshape(M, ())), v)
     return _while_loop(step, M, cond, v)
+
+
+def _check_scans(cx, trips: int, scans: list[Any]) -> None:
+    """Refuse scan outputs (one value per iteration, stacked) over the memory limit."""
+    for s in jax.tree.leaves(scans):
+        check_size(cx, [trips, *s.shape], s.dtype)
 
 
 def _require_start(cx, cond: Value) -> None:

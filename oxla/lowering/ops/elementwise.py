@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from oxla.lowering.common import check_eager
 from oxla.lowering.ops.qmath import div32, mul32
 from oxla.lowering.registry import register_rule, rule
 
@@ -25,6 +26,7 @@ def _unary_family(table: dict[str, tuple[int, Callable]]) -> None:
 def _binary_family(table: dict[str, tuple[int, Callable]]) -> None:
     for op, (since, f) in table.items():
         def lower(cx, a, b, *, _f=f):
+            check_eager(cx, _f, a, b)  # small constants can broadcast to a huge one
             return _f(a, b)
         lower.__name__ = op.lower()
         lower.__doc__ = f"{op}(A, B) with numpy broadcasting (v{since}+)."
@@ -118,6 +120,7 @@ _binary_family({
 @rule("Pow", since=7)
 def pow_(cx, x, y):
     """Z = X ** Y; the result has X's type (v7+; v12+ allows a different exponent type)."""
+    check_eager(cx, jnp.add, x, y)
     if jnp.issubdtype(x.dtype, jnp.integer):
         if jnp.issubdtype(y.dtype, jnp.integer):
             return jnp.power(x, y.astype(x.dtype))
@@ -128,6 +131,7 @@ def pow_(cx, x, y):
 @rule("Mod", since=10)
 def mod(cx, a, b, *, fmod=0):
     """fmod=0: the result has the divisor's sign (numpy.mod); fmod=1: C fmod (dividend's sign)."""
+    check_eager(cx, jnp.add, a, b)
     if fmod:
         return lax.rem(*_broadcast_pair(a, b))  # lax.rem truncates, as C fmod does
     return jnp.remainder(a, b)  # floats too: the conformance cases take fmod=0 as numpy.mod
@@ -136,6 +140,7 @@ def mod(cx, a, b, *, fmod=0):
 @rule("BitShift", since=11)
 def bit_shift(cx, x, y, *, direction=""):
     """Logical shift of unsigned integers; direction is 'LEFT' or 'RIGHT'."""
+    check_eager(cx, jnp.add, x, y)
     if direction == "LEFT":
         return jnp.left_shift(x, y)
     if direction == "RIGHT":
@@ -145,6 +150,7 @@ def bit_shift(cx, x, y, *, direction=""):
 
 def _variadic(name: str, since: int, f: Callable, mean: bool = False) -> None:
     def lower(cx, *data):
+        check_eager(cx, lambda *d: reduce(f, d), *data)
         out = reduce(f, data)
         if mean:
             out = out / jnp.asarray(len(data), out.dtype)
@@ -163,6 +169,7 @@ _variadic("Mean", 8, jnp.add, mean=True)
 @rule("Where", since=9)
 def where(cx, condition, x, y):
     """condition ? X : Y with broadcasting."""
+    check_eager(cx, jnp.where, condition, x, y)
     return jnp.where(condition, x, y)
 
 
@@ -242,6 +249,7 @@ def thresholded_relu(cx, x, *, alpha=1.0):
 @rule("PRelu", since=9)
 def prelu(cx, x, slope):
     """Y = X if X >= 0 else slope * X, slope broadcast to X."""
+    check_eager(cx, jnp.add, x, slope)
     return jnp.where(x >= 0, x, slope.astype(x.dtype) * x)
 
 

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from oxla.lowering.common import check_size
 from oxla.lowering.registry import rule
 
 # --- GridSample, AffineGrid -------------------------------------------------------------------
@@ -124,6 +125,8 @@ def affine_grid(cx, theta, size, *, align_corners=0):
     if nd not in (2, 3) or tuple(theta.shape[1:]) != (nd, nd + 1):
         raise cx.fail(f"size must be (N, C, H, W) or (N, C, D, H, W) with theta (N, {nd}, {nd + 1}); "
                       f"got size {size} and theta {theta.shape}")
+    check_size(cx, [*size[2:], nd + 1], np.float64)  # the base grid, before the output
+    check_size(cx, [size[0], *size[2:], nd], theta.dtype)
     if align_corners:
         ticks = [np.linspace(-1.0, 1.0, n) for n in size[2:]]
     else:
@@ -241,6 +244,8 @@ def image_decoder(cx, encoded_stream, *, pixel_format="RGB"):
     data = np.asarray(encoded_stream, np.uint8).tobytes()
     try:
         with PIL.Image.open(io.BytesIO(data)) as img:
+            # the header's size, checked before a pixel is decoded (a small file can claim a lot)
+            check_size(cx, [img.height, img.width, 1 if pixel_format == "Grayscale" else 3], np.uint8)
             # Grayscale is Pillow's "L" (ITU-R 601-2 luma), as onnx.reference computes it
             pixels = np.array(img.convert("L" if pixel_format == "Grayscale" else "RGB"))
     except PIL.Image.DecompressionBombError as e:

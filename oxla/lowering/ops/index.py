@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from oxla.lowering.common import axis_index
+from oxla.lowering.common import axis_index, check_size
 from oxla.lowering.registry import rule
 
 
@@ -39,6 +39,8 @@ def _element_index(cx, indices, axis: int, size: int) -> tuple:
 def gather(cx, data, indices, *, axis=0):
     """out = take(data, indices, axis); indices may be negative (v1+; v11 made that official)."""
     ax = axis_index(cx, axis, max(len(data.shape), 1))
+    # a few thousand constant indices into constant rows can make a huge constant
+    check_size(cx, [*data.shape[:ax], *indices.shape, *data.shape[ax + 1:]], data.dtype)
     if data.dtype == object:  # strings live on the host
         return np.take(data, np.asarray(_wrap(cx, cx.static(indices), data.shape[ax])), axis=ax)
     return jnp.take(data, _wrap(cx, indices, data.shape[ax]), axis=ax)
@@ -149,6 +151,9 @@ def one_hot(cx, indices, depth, values, *, axis=-1):
         raise cx.fail(f"depth must be positive, got {n}")
     rank = len(indices.shape) + 1
     ax = axis_index(cx, axis, max(rank, 1))
+    shape = list(indices.shape)
+    shape.insert(ax, n)
+    check_size(cx, shape, values.dtype)
     idx = jnp.expand_dims(indices.astype(jnp.int64), ax)  # float indices truncate, as the reference does
     idx = jnp.where(idx < 0, idx + n, idx)  # v11: negative indices count from depth
     shape = [1] * rank
@@ -164,8 +169,10 @@ def one_hot(cx, indices, depth, values, *, axis=-1):
 def non_zero(cx, x):
     """Indices of the non-zero elements, shape (rank, count), row-major order (host op, v9+)."""
     x = np.asarray(x)
+    count = int(np.count_nonzero(x))
     if x.ndim == 0:
-        return np.zeros((0, int(np.count_nonzero(x))), np.int64)
+        return np.zeros((0, count), np.int64)
+    check_size(cx, [x.ndim, count], np.int64)  # before np.nonzero allocates the rows
     return np.stack(np.nonzero(x)).astype(np.int64)
 
 
@@ -190,6 +197,7 @@ def unique(cx, x, *, axis=None, sorted=1):
     x = np.asarray(x)
     data = x.reshape(-1) if axis is None else x
     ax = 0 if axis is None else axis_index(cx, axis, max(x.ndim, 1))
+    check_size(cx, [3, data.size], np.int64)  # first, inverse and counts: one int64 per element at most
     y, first, inverse, counts = np.unique(data, return_index=True, return_inverse=True,
                                           return_counts=True, axis=ax)
     inverse = inverse.reshape(-1)

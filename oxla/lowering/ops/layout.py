@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from oxla.lowering.common import axis_index, axis_indices, xp
+from oxla.lowering.common import axis_index, axis_indices, check_size, xp
 from oxla.lowering.registry import rule
 
 PAD_MODES = ("constant", "reflect", "edge", "wrap")
@@ -30,6 +30,9 @@ def _concat(cx, inputs: Sequence, axis: int):
     if len(ranks) != 1:
         raise cx.shape_error(f"inputs must have the same rank, got shapes {[tuple(v.shape) for v in inputs]}")
     axis = axis_index(cx, axis, ranks.pop())
+    shape = list(inputs[0].shape)
+    shape[axis] = sum(v.shape[axis] for v in inputs)
+    check_size(cx, shape, inputs[0].dtype)
     return xp(*inputs).concatenate(inputs, axis=axis)
 
 
@@ -148,6 +151,7 @@ def tile(cx, x, repeats):
     if len(reps) != len(x.shape) or any(r < 0 for r in reps):
         raise cx.fail(f"repeats {reps} must hold one non-negative count per axis of "
                       f"shape {tuple(x.shape)}")
+    check_size(cx, [d * r for d, r in zip(x.shape, reps)], x.dtype)
     return xp(x).tile(x, reps)
 
 
@@ -157,6 +161,7 @@ def tile_v1(cx, x, tiles, axis):
     reps = [1] * len(x.shape)
     (count,), (a,) = cx.static_ints(tiles), cx.static_ints(axis)
     reps[axis_index(cx, a, len(x.shape))] = count
+    check_size(cx, [d * r for d, r in zip(x.shape, reps)], x.dtype)
     return xp(x).tile(x, tuple(reps))
 
 
@@ -174,6 +179,7 @@ def _pad(cx, data, pads: Sequence[int], mode: str, value, axes: Sequence[int] | 
     crop = tuple(slice(max(-b, 0), d - max(-e, 0)) for (b, e), d in zip(given, data.shape))
     data = data[crop]
     widths = [(max(b, 0), max(e, 0)) for b, e in given]
+    check_size(cx, [d + b + e for d, (b, e) in zip(data.shape, widths)], data.dtype)
     if mode != "constant":
         if any(w != (0, 0) and d == 0 for w, d in zip(widths, data.shape)):
             raise cx.fail(f"mode '{mode}' cannot pad an empty axis of shape {tuple(data.shape)}")
@@ -228,6 +234,7 @@ def center_crop_pad(cx, input_data, shape, *, axes=None):
             before = (size - dim) // 2
             widths[a] = (before, size - dim - before)
     cropped = input_data[tuple(crop)]
+    check_size(cx, [d + lo + hi for d, (lo, hi) in zip(cropped.shape, widths)], input_data.dtype)
     return xp(cropped).pad(cropped, widths)
 
 

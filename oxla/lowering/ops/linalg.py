@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from oxla.lowering.common import check_eager
 from oxla.lowering.ops.qmath import int_matmul
 from oxla.lowering.registry import rule
 
@@ -17,6 +18,7 @@ def mat_mul(cx, a, b):
     """Y = A @ B as numpy.matmul: 1-D operands promoted and squeezed, batch dims broadcast (v1+)."""
     if not a.shape or not b.shape:
         raise cx.shape_error(f"inputs must have rank >= 1, got shapes {a.shape} and {b.shape}")
+    check_eager(cx, jnp.matmul, a, b)  # an outer product of small constants can be huge
     return jnp.matmul(a, b, precision=HIGHEST)
 
 
@@ -28,6 +30,7 @@ def _gemm(cx, a, b, c, alpha: float, beta: float, trans_a: int, trans_b: int):
         op_a = a.shape[::-1] if trans_a else a.shape
         op_b = b.shape[::-1] if trans_b else b.shape
         raise cx.shape_error(f"op(A) {op_a} and op(B) {op_b} do not share the inner dimension")
+    check_eager(cx, lambda a, b: lax.dot_general(a, b, (((ka,), (kb,)), ((), ()))), a, b)
     # contract in place: a materialized b.T costs a copy of the weights on every call on CPU
     y = lax.dot_general(a, b, (((ka,), (kb,)), ((), ())), precision=HIGHEST,
                         preferred_element_type=None)
@@ -73,7 +76,9 @@ def einsum(cx, *inputs, equation=None):
         raise cx.fail("attribute equation is required")
     if not inputs:
         raise cx.fail("Einsum needs at least one input")
-    out = jnp.einsum(equation.replace(" ", ""), *inputs, precision=HIGHEST)
+    spec = equation.replace(" ", "")
+    check_eager(cx, lambda *a: jnp.einsum(spec, *a), *inputs, bounded=False)
+    out = jnp.einsum(spec, *inputs, precision=HIGHEST)
     return out.astype(inputs[0].dtype)  # the output has the operands' type T
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from oxla.lowering.common import check_size
 from oxla.lowering.registry import rule
 
 ML = "ai.onnx.ml"
@@ -67,6 +68,7 @@ def cast_map(cx, x, *, cast_to="TO_FLOAT", map_form="DENSE", max_map=1):
         return np.array([[cast(x[k]) for k in keys]], dtype=dtype)
     if map_form != "SPARSE":
         raise cx.fail(f"map_form must be DENSE or SPARSE, got '{map_form}'")
+    check_size(cx, [1, max_map], dtype)
     out = np.full((1, max_map), "" if dtype is object else 0, dtype=dtype)
     for k in keys:
         if not 0 <= k < max_map:

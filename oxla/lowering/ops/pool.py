@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from oxla.lowering.common import check_size
 from oxla.lowering.ops.conv import SAME, explicit_pads, spatial_ints, window_pads
 from oxla.lowering.registry import rule
 
@@ -208,6 +209,7 @@ def max_unpool(cx, x, i, output_shape=None, *, kernel_shape=None, pads=None, str
     padding = explicit_pads(cx, pads, n)
     inferred = x.shape[:2] + tuple((size - 1) * si - lo - hi + k for size, si, (lo, hi), k
                                    in zip(x.shape[2:], s, padding, kernel_shape))
+    check_size(cx, inferred, x.dtype)
     y = jnp.zeros(math.prod(inferred), x.dtype).at[i.reshape(-1)].set(x.reshape(-1), mode="drop")
     y = y.reshape(inferred)
     if output_shape is None:
@@ -217,6 +219,7 @@ def max_unpool(cx, x, i, output_shape=None, *, kernel_shape=None, pads=None, str
         raise cx.fail(f"output_shape must have {x.ndim} values, got {list(want)}")
     # as in the conformance case, the indices address the inferred shape and output_shape pads
     # (or crops) it at the end; onnxruntime reads them as indices into output_shape instead
+    check_size(cx, want, x.dtype)
     y = y[tuple(slice(0, min(a, b)) for a, b in zip(inferred, want))]
     return jnp.pad(y, [(0, max(b - a, 0)) for a, b in zip(inferred, want)])
 

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from oxla.lowering.common import check_size
 from oxla.lowering.registry import rule
 
 # tf_half_pixel_for_nn left the spec in v13 but onnxruntime accepts it in every version, and
@@ -187,10 +188,14 @@ def _geometry(cx, shape, axes, scales, sizes, policy: str):
     if given is None or len(given) != len(axes):
         raise cx.fail(f"exactly one of scales and sizes must be given, with {len(axes)} values")
     if scales is not None:
+        if not all(math.isfinite(float(s)) and float(s) > 0 for s in scales):
+            raise cx.fail(f"scales must be positive and finite, got {[float(s) for s in scales]}")
         for a, s in zip(axes, scales):
             full_scales[a] = float(s)
             out[a] = int(float(s) * shape[a])  # floor; the roi does not enter, as in onnxruntime
         return out, full_scales
+    if any(int(n) < 0 for n in sizes):
+        raise cx.fail(f"sizes must not be negative, got {[int(n) for n in sizes]}")
     for a, n in zip(axes, sizes):
         out[a], full_scales[a] = int(n), int(n) / shape[a]
     if policy != "stretch":
@@ -240,6 +245,7 @@ def resize(cx, X, roi=None, scales=None, sizes=None, *, antialias=0, axes=None,
         rois = _rois(cx, roi, axes, X.ndim)
     how = _Sampling(mode, coordinate_transformation_mode, nearest_mode, cubic_coeff_a,
                     bool(exclude_outside), bool(antialias), sizes is not None)
+    check_size(cx, out_sizes, X.dtype)
     return _resample(X, how, out_sizes, full_scales, rois, extrapolation_value)
 
 
@@ -250,9 +256,10 @@ def _upsample(cx, x, scales, mode: str):
     scales = [float(s) for s in np.asarray(scales).reshape(-1)]
     if len(scales) != x.ndim:
         raise cx.fail(f"scales must have {x.ndim} values (one per axis), got {len(scales)}")
-    if any(s <= 0 for s in scales):
-        raise cx.fail(f"scales must be positive, got {scales}")
+    if not all(s > 0 and math.isfinite(s) for s in scales):
+        raise cx.fail(f"scales must be positive and finite, got {scales}")
     out = [int(s * n) for s, n in zip(scales, x.shape)]
+    check_size(cx, out, x.dtype)
     return _resample(x, _Sampling(mode, "asymmetric", "simple"), out, scales, None)
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import numpy as np
 
-from oxla.lowering.common import axis_index
+from oxla.lowering.common import axis_index, check_size
 from oxla.lowering.registry import rule
 from oxla.lowering.values import is_static
 
@@ -112,6 +114,9 @@ def concat_from_sequence(cx, input_sequence, *, axis=None, new_axis=0):
     rank = len(input_sequence[0].shape) + (1 if new_axis else 0)
     if not -rank <= axis < rank:
         raise cx.fail(f"axis {axis} is out of range for rank {rank}")
+    first = input_sequence[0]
+    total = sum(math.prod(t.shape) for t in input_sequence)
+    check_size(cx, [total], first.dtype)  # the joined tensor holds every element once
     xp = np if is_static(input_sequence) else jnp
     if new_axis:
         return xp.stack(input_sequence, axis=axis)

@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 
 from oxla.dtypes import is_float, to_numpy_dtype
-from oxla.lowering.common import axis_indices, xp
+from oxla.lowering.common import axis_indices, check_size, xp
 from oxla.lowering.registry import rule
 
 # ConstantOfShape results up to this many elements stay static (numpy) so shape arithmetic folds;
@@ -168,6 +168,7 @@ def expand(cx, x, shape):
         out = np.broadcast_shapes(tuple(x.shape), dims)
     except ValueError:
         raise cx.fail(f"shape {dims} does not broadcast with input shape {tuple(x.shape)}") from None
+    check_size(cx, out, x.dtype)
     return xp(x).broadcast_to(x, out)
 
 
@@ -180,6 +181,7 @@ def constant_of_shape(cx, x, *, value=None):
     dims = cx.static_ints(x)
     if any(d < 0 for d in dims):
         raise cx.fail(f"shape {dims} has a negative dim")
+    check_size(cx, dims, fill.dtype)
     if math.prod(dims) <= STATIC_FILL_LIMIT:
         return np.full(dims, fill[0], fill.dtype)
     return jnp.full(dims, fill[0], fill.dtype)
@@ -195,11 +197,16 @@ def _arange(cx, start, limit, delta, compute: np.dtype) -> np.ndarray:
         if d == 0:
             raise cx.fail("delta must not be 0")
         n = max(-((s - lim) // d), 0)  # ceil((limit - start) / delta), exact for integers
+        check_size(cx, [n], np.int64)
         return (s + np.arange(n, dtype=np.int64) * d).astype(compute)
     fs, flim, fd = (v.reshape(()).astype(compute) for v in scalars)
     if fd == 0:
         raise cx.fail("delta must not be 0")
-    n = max(math.ceil(float((flim - fs) / fd)), 0)
+    quotient = float((flim - fs) / fd)
+    if not math.isfinite(quotient):
+        raise cx.fail(f"start, limit and delta must be finite, got {fs}, {flim}, {fd}")
+    n = max(math.ceil(quotient), 0)
+    check_size(cx, [n], compute)
     return fs + np.arange(n, dtype=compute) * fd
 
 

@@ -7,6 +7,7 @@ import numpy as np
 from jax import lax
 
 from oxla.dtypes import to_numpy_dtype
+from oxla.lowering.common import check_size
 from oxla.lowering.registry import register_rule, rule
 
 
@@ -116,6 +117,7 @@ def mel_weight_matrix(cx, num_mel_bins, dft_length, sample_rate, lower_edge_hert
     low, high = (float(np.asarray(v).reshape(-1)[0]) for v in (lower_edge_hertz, upper_edge_hertz))
     if bins < 1 or n_fft < 1 or rate < 1:
         raise cx.fail(f"num_mel_bins, dft_length and sample_rate must be positive, got {bins}, {n_fft}, {rate}")
+    check_size(cx, [n_fft // 2 + 1, bins], np.float64)
     mel_low, mel_high = (2595 * np.log10(1 + f / 700) for f in (low, high))
     mels = np.arange(bins + 2) * (mel_high - mel_low) / (bins + 2) + mel_low
     hertz = 700 * (10 ** (mels / 2595) - 1)

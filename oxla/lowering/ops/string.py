@@ -10,7 +10,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from oxla.lowering.common import xp
+from oxla.lowering.common import check_size, xp
 from oxla.lowering.registry import rule
 
 
@@ -62,7 +62,13 @@ def string_normalizer(cx, x, *, case_change_action="NONE", is_case_sensitive=0, 
 @rule("StringConcat", since=20, static=("*",))
 def string_concat(cx, x, y):
     """Z = X + Y elementwise, with numpy broadcasting  (v20+)."""
-    z = np.frompyfunc(operator.add, 2, 1)(strings(x), strings(y))
+    x, y = strings(x), strings(y)
+    try:
+        shape = np.broadcast_shapes(x.shape, y.shape)
+    except ValueError:
+        raise cx.fail(f"shapes {x.shape} and {y.shape} do not broadcast") from None
+    check_size(cx, shape, object)
+    z = np.frompyfunc(operator.add, 2, 1)(x, y)
     return np.asarray(z, dtype=object)
 
 
@@ -75,6 +81,7 @@ def string_split(cx, x, *, delimiter=None, maxsplit=None):
     pieces = _map(lambda s: s.split(sep, limit), strings(x))
     counts = _map(len, pieces, np.int64)
     width = int(counts.max(initial=0))
+    check_size(cx, [*x.shape, width], object)  # padded to the most pieces any element has
     y = np.full((*x.shape, width), "", dtype=object)
     for index in np.ndindex(*x.shape):
         y[index][: counts[index]] = pieces[index]

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from oxla.lowering.common import check_size
 from oxla.lowering.ops.string import strings
 from oxla.lowering.registry import rule
 
@@ -80,11 +81,12 @@ def _by_expression(text: str, exp: _Longest, mincharnum: int) -> list[str]:
     return row
 
 
-def _padded(rows: list[list[str]], mark: bool, pad_value: str) -> tuple[np.ndarray, int]:
+def _padded(cx, rows: list[list[str]], mark: bool, pad_value: str) -> tuple[np.ndarray, int]:
     width = max((len(r) for r in rows), default=0)
     if width == 0:
         return np.empty((len(rows), 0), dtype=object), 0
     full = width + 2 * mark
+    check_size(cx, [len(rows), full], object)  # every row padded to the longest one
     out = np.full((len(rows), full), pad_value, dtype=object)
     for i, row in enumerate(rows):
         tokens = [START, *row, END] if mark else row
@@ -118,5 +120,5 @@ def tokenizer(cx, X, *, mark=None, mincharnum=None, pad_value=None, separators=N
     else:
         exp = _Longest(tokenexp)
         rows = [_by_expression(t, exp, mincharnum) for t in texts]
-    out, width = _padded(rows, bool(mark), pad_value)
+    out, width = _padded(cx, rows, bool(mark), pad_value)
     return out.reshape((*X.shape, width))
