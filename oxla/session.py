@@ -303,10 +303,13 @@ def _check_value(name: str, value: Any, tp: TypeProto) -> Any:
         return [_check_value(name, v, tp.sequence_type.elem_type) for v in value]
     if kind != "tensor_type":
         return value
-    if isinstance(value, list | tuple) and tp.tensor_type.elem_type:  # cast as onnxruntime does
-        value = np.asarray(value, to_numpy_dtype(tp.tensor_type.elem_type))
-    # device arrays stay where they are: only their dtype and shape are checked
-    arr = value if isinstance(value, np.ndarray | jax.Array) else np.asarray(value)
+    try:
+        if isinstance(value, list | tuple) and tp.tensor_type.elem_type:  # cast as onnxruntime does
+            value = np.asarray(value, to_numpy_dtype(tp.tensor_type.elem_type))
+        # device arrays stay where they are: only their dtype and shape are checked
+        arr = value if isinstance(value, np.ndarray | jax.Array) else np.asarray(value)
+    except (ValueError, TypeError) as e:  # a ragged nested list, values that are not numbers
+        raise InputError(f"input '{name}' is not an array of one shape and type: {e}") from None
     want = to_numpy_dtype(tp.tensor_type.elem_type) if tp.tensor_type.elem_type else None
     if want is not None:
         if want == np.dtype(object) and arr.dtype.kind in "US":

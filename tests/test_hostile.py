@@ -34,7 +34,7 @@ loops, deep control flow) run in one child process (tests/hostile_cases.py) unde
 |                       | a list or None instead of a dict                          |   with onnxruntime's options),          |
 |                       |                                                           | test_bad_feeds_through_the_backend,     |
 |                       |                                                           | test_compiled_model_takes_a_dict_only   |
-|                       | a ragged nested list                                      | test_ragged_list_feed (xfail: session)  |
+|                       | a ragged nested list                                      | test_ragged_list_feed                   |
 | memory budget         | oxla.compile(memory_limit=...)                            | test_compile_takes_the_memory_limit     |
 | runtime indices       | Gather, GatherElements, GatherND, ScatterElements,        | test_index: test_runtime_indices_out_.. |
 |                       | ScatterND out of range: InputError naming the node        |                                         |
@@ -383,9 +383,6 @@ def test_compile_takes_the_memory_limit() -> None:
         compiled({"x": x, "r": np.array([131073])})
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="oxla/session.py _check_value: np.asarray of a ragged list raises numpy's "
-                          "ValueError; it should be InputError naming the input")
 def test_ragged_list_feed() -> None:
     sess = oxla.InferenceSession(FEED_MODEL.SerializeToString())
     with pytest.raises(InputError, match="input 'a'"):

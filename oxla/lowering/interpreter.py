@@ -8,7 +8,6 @@ threads may trace or run host steps through one interpreter at once.
 from __future__ import annotations
 
 import math
-import os
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,10 +23,13 @@ from oxla.errors import (
     ResourceError,
     describe_value,
     rule_failure,
+    too_large,
     unsupported_ops,
 )
 from oxla.graph import attribute_value, canonical_domain, initializer_values, model_opsets
+from oxla.host import machine_memory
 from oxla.lowering import schemas
+from oxla.lowering.common import check_eager
 from oxla.lowering.context import Context, NeedStatic, Options, Scope
 from oxla.lowering.registry import Rule, known_versions
 from oxla.lowering.typecheck import check_input_types
@@ -158,6 +160,7 @@ class Interpreter:
         cx = Context(node, ref, inputs, opsets, self, scope, graph)
         try:
             if found.fold and all(is_static(v) for v in inputs):
+                self._check_fold(cx, found, attrs, inputs)
                 with jax.ensure_compile_time_eval():
                     out = to_static(found.fn(cx, *inputs, **attrs))
             else:
@@ -172,6 +175,17 @@ class Interpreter:
         self._check_sizes(ref, out)
         return out
 
+    def _check_fold(self, cx: Context, found: Rule, attrs: Mapping[str, Any], inputs: list[Value]) -> None:
+        """Before a rule folds static inputs eagerly: refuse an output over the memory limit
+        (evaluated abstractly, only when a cheap bound says it could be over). The abstract
+        evaluation traces the rule: its checks must not join the segment being compiled."""
+        checks = getattr(self._local, "checks", None)
+        self._local.checks = None
+        try:
+            check_eager(cx, lambda *a: found.fn(cx, *a, **attrs), *inputs)
+        finally:
+            self._local.checks = checks
+
     def _check_sizes(self, ref: NodeRef, outputs: Any) -> None:
         """Refuse an output larger than the memory limit before anything allocates it."""
         limit = self.memory_limit
@@ -183,11 +197,7 @@ class Interpreter:
                     continue
                 size = math.prod(shape) * np.dtype(leaf.dtype).itemsize
                 if size > limit:
-                    raise ResourceError(
-                        f"{ref.describe()}: an output of shape {tuple(shape)} {np.dtype(leaf.dtype)} "
-                        f"would take {_bytes(size)}, more than the memory limit {_bytes(limit)}; "
-                        "check the inputs, or raise Options.memory_limit / "
-                        "InferenceSession(memory_limit=...)")
+                    raise too_large(ref.describe(), shape, np.dtype(leaf.dtype), size, limit)
 
     # --- functions ----------------------------------------------------------------------------
 
@@ -223,22 +233,6 @@ class Interpreter:
         fn_opsets = {**opsets, **model_opsets(fn.opset_import)}
         self.run_nodes([_substitute(n, given, defaults) for n in fn.node], scope, fn_opsets)
         return tuple(_read(scope, o, f"function {fn.name}") for o in fn.output)
-
-
-def machine_memory() -> int:
-    """Physical memory in bytes (the default limit for one value)."""
-    try:
-        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return 1 << 40
-
-
-def _bytes(n: int) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if n < 1024 or unit == "PiB":
-            return f"{n:.1f} {unit}" if unit != "bytes" else f"{n} bytes"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n} bytes"
 
 
 def _read(scope: Scope, name: str, where: str) -> Value:
