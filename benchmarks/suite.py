@@ -199,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                          "with a Python that has torch and transformers")
     rows: list[Row] = []
     failures: dict[tuple[str, int], str] = {}
+    load_before = os.getloadavg()[0]
     for name in names:
         for t in settings:
             r = _child(name, t, args.seconds)
@@ -212,14 +213,16 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r.ratio:.2f}x, first call {r.oxla_first_s:.2f} s, max diff {r.max_abs_diff:.1e}",
                   flush=True)
     text = table(rows, failures, settings)
-    print("\n" + text)
+    load = f"load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
+    print(f"\n{text}\n\n({load} on {os.cpu_count()} cores)")
     if args.write:
         from benchmarks.run import write_results
 
         write_results(args.write, "Benchmark suite", "suite", argv,
                       "Models from `scripts/export_bench_models.py` (random weights, seed 0, batch 1). "
                       "Medians of per-call times over interleaved blocks, each model and thread "
-                      "setting in its own process; `1 thread` pins both runtimes to one core.", text)
+                      f"setting in its own process; `1 thread` pins both runtimes to one core; {load}.",
+                      text)
     return 0
 
 
