@@ -2,7 +2,7 @@
 
     python -m benchmarks.profile MODEL [--threads default|1] [--calls 20] [--top 15]
 
-MODEL is a suite name (`benchmarks/.cache/suite/<name>.onnx` with its `.npz` feeds) or a path to
+MODEL is a suite name (exported or shipped, with its `.npz` feeds) or a path to
 an .onnx file (feeds then random, from the declared input types). The model runs through
 `oxla.InferenceSession` under `jax.profiler` with XLA's optimized HLO dumped; every kernel event
 (a thunk: a fusion, convolution, dot, copy...) is matched to its HLO instruction, whose metadata
@@ -29,8 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-SUITE_DIR = Path(__file__).resolve().parent / ".cache" / "suite"
 
 
 @dataclass(frozen=True)
@@ -103,9 +101,12 @@ def parse_hlo(text: str) -> dict[str, Instr]:
 
 
 def _feeds(name: str) -> tuple[str, dict[str, np.ndarray]]:
-    if (SUITE_DIR / f"{name}.onnx").exists():
-        with np.load(SUITE_DIR / f"{name}.npz") as data:
-            return str(SUITE_DIR / f"{name}.onnx"), {k: data[k] for k in data.files}
+    from benchmarks.suite import model_files
+
+    files = model_files(name)
+    if files is not None:
+        with np.load(files[1]) as data:
+            return str(files[0]), {k: data[k] for k in data.files}
     import onnx
 
     model = onnx.load(name, load_external_data=False)

@@ -3,7 +3,8 @@
     python -m benchmarks.suite [--models a,b] [--threads default,1] [--seconds 2] [--write docs/benchmarks.md]
 
 Models come from `scripts/export_bench_models.py` (run it once with a Python that has torch and
-transformers; it writes `benchmarks/.cache/suite/<name>.onnx` and a sample of feeds `<name>.npz`).
+transformers; it writes `benchmarks/.cache/suite/<name>.onnx` and a sample of feeds `<name>.npz`);
+the ones under 1 MB are also shipped in `models/bench/` and run without the export.
 Each model and thread setting runs in its own process. `default`: both runtimes as a user gets
 them. `1`: onnxruntime with intra_op_num_threads=1, XLA with --xla_cpu_multi_thread_eigen=false,
 both pinned to one core with taskset. In the process: load both, time the first call (oxla
@@ -32,6 +33,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE_DIR = ROOT / "benchmarks" / ".cache" / "suite"
+SHIPPED_DIR = ROOT / "models" / "bench"  # the suite's models under 1 MB, committed
 
 # name -> (what the table calls it, family)
 MODELS: dict[str, tuple[str, str]] = {
@@ -46,6 +48,14 @@ MODELS: dict[str, tuple[str, str]] = {
     "bert_base": ("BERT-base (seq 128)", "transformer"),
     "vit_s16": ("ViT-S/16 224", "transformer"),
 }
+
+
+def model_files(name: str) -> tuple[Path, Path] | None:
+    """(model, sample feeds) of a suite model: the exported one, else the shipped one."""
+    for folder in (SUITE_DIR, SHIPPED_DIR):
+        if (folder / f"{name}.onnx").exists() and (folder / f"{name}.npz").exists():
+            return folder / f"{name}.onnx", folder / f"{name}.npz"
+    return None
 
 
 @dataclass(frozen=True)
@@ -96,8 +106,11 @@ def measure(name: str, threads: int, seconds: float) -> Row:
 
     import oxla
 
-    path = str(SUITE_DIR / f"{name}.onnx")
-    with np.load(SUITE_DIR / f"{name}.npz") as data:
+    files = model_files(name)
+    if files is None:
+        raise FileNotFoundError(f"no exported or shipped model '{name}'")
+    path = str(files[0])
+    with np.load(files[1]) as data:
         feeds = {k: data[k] for k in data.files}
     start = time.perf_counter()
     sess = oxla.InferenceSession(path)
@@ -192,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     names = [n for n in args.models.split(",") if n]
     unknown = [n for n in names if n not in MODELS]
-    missing = [n for n in names if not (SUITE_DIR / f"{n}.onnx").exists()]
+    missing = [n for n in names if model_files(n) is None]
     if unknown or missing:
         raise SystemExit(f"unknown models {unknown}; known: {', '.join(MODELS)}" if unknown else
                          f"missing {missing} in {SUITE_DIR}: run `python scripts/export_bench_models.py` "

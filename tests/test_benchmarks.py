@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -60,3 +61,16 @@ def test_fusion_kind_names_shifted_multiply_adds_and_transposes() -> None:
     assert profile._fusion_kind(taps) == "fusion(taps (shifted multiply-adds) + transpose)"
     assert profile._fusion_kind(Counter({"dot": 1, "add": 1})) == "fusion(dot)"
     assert profile._fusion_kind(Counter({"add": 2})) == "fusion(elementwise)"
+
+
+def test_suite_runs_the_shipped_model_end_to_end(tmp_path: Path) -> None:
+    """The harness itself: a child process per setting, agreement, a written section."""
+    out = tmp_path / "bench.md"
+    out.write_text("# Benchmarks\n\n## Other\n\nkept\n")
+    assert suite.main(["--models", "vad", "--threads", "default", "--seconds", "0.05",
+                       "--write", str(out)]) == 0
+    text = out.read_text()
+    assert "## Other\n\nkept" in text and "## Benchmark suite" in text
+    row = next(line for line in text.splitlines() if line.startswith("| VAD"))
+    diff = float(row.split("|")[-2].split()[0])
+    assert diff < 1e-5, row  # oxla and onnxruntime agree on the shipped model
