@@ -182,3 +182,48 @@ def test_pooling_is_differentiable() -> None:
     want = np.full((4, 4), 0.25, np.float32)
     want[1::2, 1::2] += 1.0  # the max of each window gets the MaxPool gradient
     np.testing.assert_array_equal(np.asarray(grad).reshape(4, 4), want)
+
+
+def _window_for(x: np.ndarray, **attrs: object):  # type: ignore[no-untyped-def]
+    from oxla.lowering.ops import pool
+
+    class Cx:
+        def fail(self, message: str) -> Exception:
+            return ValueError(message)
+
+        shape_error = fail
+
+    return pool.window(Cx(), x, attrs["kernel_shape"], attrs.get("strides"), attrs.get("dilations"),
+                       attrs.get("pads"), attrs.get("auto_pad", "NOTSET"), attrs.get("ceil_mode", 0))
+
+
+@pytest.mark.parametrize("case", MAX_POOL, ids=lambda c: f"MaxPool-slices-{c}")
+def test_max_pool_slices_match_reduce_window_with_ties_and_nan(case: str) -> None:
+    """The strided-slice max is reduce_window's value, gradient (ties: the first maximum) and JVP."""
+    import jax
+    from jax import lax
+
+    x = np.round(X * 2) / 2  # many ties inside windows
+    x[0, 0, 1, 1] = np.nan
+    win = _window_for(x, **MAX_POOL[case])
+    slow = lambda v: win.reduce(v, -np.inf, lax.max)  # noqa: E731
+    np.testing.assert_array_equal(np.asarray(win.max(x)), np.asarray(slow(x)))
+    x = np.nan_to_num(x)
+    cot = RNG.standard_normal(win.max(x).shape).astype(np.float32)
+    if "dilations" in MAX_POOL[case]:  # JAX has no VJP of a dilated reduce_window max: neither form
+        for f in (win.max, slow):
+            with pytest.raises(NotImplementedError):
+                jax.vjp(f, x)[1](cot)
+    else:
+        grads = [jax.vjp(f, x)[1](cot)[0] for f in (win.max, slow)]
+        np.testing.assert_array_equal(*grads)
+    tangents = [jax.jvp(f, (x,), (X,))[1] for f in (win.max, slow)]
+    np.testing.assert_array_equal(*tangents)
+
+
+@pytest.mark.parametrize("rank", [1, 3])
+def test_max_pool_slices_other_ranks_and_large_windows(rank: int) -> None:
+    x = RNG.standard_normal((1, 2, 9, 8, 7)[:2 + rank]).astype(np.float32)
+    check_node("MaxPool", {"x": x}, kernel_shape=[3, 2, 2][:rank], strides=[2, 1, 2][:rank],
+               pads=[1, 0, 1, 1, 1, 0][:rank] + [0, 1, 1][:rank])
+    check_node("MaxPool", {"x": x}, kernel_shape=[9, 8, 7][:rank])  # past the slice budget in 3-D

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -42,10 +44,51 @@ class Window:
                                  (1, 1, *self.strides), self.padding(),
                                  window_dilation=(1, 1, *self.dilations))
 
+    def max(self, x):
+        """Max of each window. Small windows take running maxima of strided slices, one spatial
+        axis at a time (exact: max does not depend on order); XLA:CPU runs them 2x (two threads)
+        to 6x (one) faster than its reduce_window, e.g. ResNet's 3x3/2 pool of 64x112x112."""
+        if 0 in self.out:
+            return jnp.zeros(x.shape[:2] + self.out, x.dtype)
+        if sum(self.kernel) > _MAX_SLICES:
+            return self.reduce(x, _lowest(x.dtype), lax.max)
+        return _window_max(x, self)
+
     def taps(self, axis: int) -> np.ndarray:
         """Input position of every (output cell, kernel tap) on one axis: (out, kernel)."""
         o = np.arange(self.out[axis])[:, None] * self.strides[axis]
         return o + np.arange(self.kernel[axis])[None, :] * self.dilations[axis] - self.pads[axis][0]
+
+
+_MAX_SLICES = 32  # beyond this many slices in all, reduce_window (large windows are rare)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _window_max(x, win: Window):
+    """Window.max as strided slices; its derivatives are reduce_window's (the first maximum of a
+    window takes the gradient), so training sees the same MaxPool either way."""
+    low = np.asarray(_lowest(x.dtype), x.dtype)
+    y = x
+    for axis, (k, s, d, o) in enumerate(zip(win.kernel, win.strides, win.dilations, win.out)):
+        a = axis + 2
+        config = [(0, 0, 0)] * x.ndim
+        config[a] = (win.pads[axis][0], win.pads[axis][1] + win.extra[axis], 0)
+        y = lax.pad(y, low, config)
+        best = None
+        for tap in range(k):
+            start, limit, step = [0] * y.ndim, list(y.shape), [1] * y.ndim
+            start[a], limit[a], step[a] = tap * d, tap * d + (o - 1) * s + 1, s
+            part = lax.slice(y, start, limit, step)
+            best = part if best is None else lax.max(best, part)
+        y = best
+    return y
+
+
+@_window_max.defjvp
+def _window_max_jvp(win: Window, primals, tangents):
+    (x,), (t,) = primals, tangents
+    _, dy = jax.jvp(lambda v: win.reduce(v, _lowest(v.dtype), lax.max), (x,), (t,))
+    return _window_max(x, win), dy
 
 
 def window(cx, x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode=0) -> Window:
@@ -124,7 +167,7 @@ def max_pool(cx, x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_sh
         if 0 in win.out:
             return win.reduce(x, 0, lax.max), jnp.zeros(x.shape[:2] + win.out, jnp.int64)
         return _max_with_indices(x, win, storage_order)
-    return win.reduce(x, _lowest(x.dtype), lax.max)
+    return win.max(x)
 
 
 # --- AveragePool and LpPool ---------------------------------------------------------------------

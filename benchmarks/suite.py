@@ -1,0 +1,243 @@
+"""The benchmark suite: real-architecture models, oxla next to onnxruntime in one run.
+
+    python -m benchmarks.suite [--models a,b] [--threads default,1] [--seconds 2] [--write docs/benchmarks.md]
+
+Models come from `scripts/export_bench_models.py` (run it once with a Python that has torch and
+transformers; it writes `benchmarks/.cache/suite/<name>.onnx` and a sample of feeds `<name>.npz`);
+the ones under 1 MB are also shipped in `models/bench/` and run without the export.
+Each model and thread setting runs in its own process. `default`: both runtimes as a user gets
+them. `1`: onnxruntime with intra_op_num_threads=1, XLA with --xla_cpu_multi_thread_eigen=false,
+both pinned to one core with taskset. In the process: load both, time the first call (oxla
+compiles there), compare every output, then time the two in interleaved blocks (~0.2 s of calls
+each) until each side has had --seconds of calls (at least 5 blocks); a latency is the median of
+the per-call times. The geomean of oxla/onnxruntime is reported per thread setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITE_DIR = ROOT / "benchmarks" / ".cache" / "suite"
+SHIPPED_DIR = ROOT / "models" / "bench"  # the suite's models under 1 MB, committed
+
+# name -> (what the table calls it, family)
+MODELS: dict[str, tuple[str, str]] = {
+    "mobilenetv3_small": ("MobileNetV3-small 224", "mobile CNN"),
+    "shufflenetv2": ("ShuffleNetV2 x1.0 224", "mobile CNN"),
+    "efficientnet_b0": ("EfficientNet-B0 224", "mobile CNN"),
+    "resnet50": ("ResNet-50 224", "CNN"),
+    "dbnet": ("DBNet-style segmenter 320 (ResNet-18 FPN)", "segmentation"),
+    "detector_nms": ("SSD-style detector 320 + NMS", "detection"),
+    "gru_text": ("bi-GRU text classifier (2x256, seq 50)", "RNN"),
+    "vad": ("VAD (conv1d + LSTM, 512 samples)", "RNN"),
+    "bert_base": ("BERT-base (seq 128)", "transformer"),
+    "vit_s16": ("ViT-S/16 224", "transformer"),
+}
+
+
+def model_files(name: str) -> tuple[Path, Path] | None:
+    """(model, sample feeds) of a suite model: the exported one, else the shipped one."""
+    for folder in (SUITE_DIR, SHIPPED_DIR):
+        if (folder / f"{name}.onnx").exists() and (folder / f"{name}.npz").exists():
+            return folder / f"{name}.onnx", folder / f"{name}.npz"
+    return None
+
+
+@dataclass(frozen=True)
+class Row:
+    model: str
+    threads: int
+    oxla_ms: float
+    ort_ms: float
+    oxla_load_s: float
+    oxla_first_s: float
+    ort_first_s: float
+    max_abs_diff: float
+    rel_diff: float
+    calls: int
+
+    @property
+    def ratio(self) -> float:
+        return self.oxla_ms / self.ort_ms
+
+
+def _compare(got: list[Any], want: list[Any]) -> tuple[float, float]:
+    """Largest absolute difference over all outputs, and the largest relative to the output's scale."""
+    diff = rel = 0.0
+    for g, w in zip(got, want, strict=True):
+        g, w = np.asarray(g), np.asarray(w)
+        if g.shape != w.shape:
+            return math.inf, math.inf
+        if g.size == 0:
+            continue
+        d = float(np.max(np.abs(g.astype(np.float64) - w.astype(np.float64))))
+        diff = max(diff, d)
+        rel = max(rel, d / max(float(np.max(np.abs(w))), 1e-30))
+    return diff, rel
+
+
+def _block(fn: Callable[[], Any], n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def measure(name: str, threads: int, seconds: float) -> Row:
+    """One model in this process: load, first call, agreement, then interleaved timing."""
+    import onnxruntime as ort
+
+    import oxla
+
+    files = model_files(name)
+    if files is None:
+        raise FileNotFoundError(f"no exported or shipped model '{name}'")
+    path = str(files[0])
+    with np.load(files[1]) as data:
+        feeds = {k: data[k] for k in data.files}
+    start = time.perf_counter()
+    sess = oxla.InferenceSession(path)
+    oxla_load = time.perf_counter() - start
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    ref = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    start = time.perf_counter()
+    got = sess.run(None, feeds)
+    oxla_first = time.perf_counter() - start
+    start = time.perf_counter()
+    want = ref.run(None, feeds)
+    ort_first = time.perf_counter() - start
+    diff, rel = _compare(got, want)
+    calls = {"oxla": lambda: sess.run(None, feeds), "ort": lambda: ref.run(None, feeds)}
+    per_call = max(statistics.median(_block(fn, 3)) for fn in calls.values())  # also a warm-up
+    block = max(1, int(0.2 / per_call))
+    times: dict[str, list[float]] = {k: [] for k in calls}
+    rounds = 0
+    while rounds < 5 or min(sum(t) for t in times.values()) < seconds:
+        for key, fn in calls.items():
+            times[key] += _block(fn, block)
+        rounds += 1
+    return Row(name, threads, statistics.median(times["oxla"]) * 1e3, statistics.median(times["ort"]) * 1e3,
+               oxla_load, oxla_first, ort_first, diff, rel, len(times["oxla"]))
+
+
+def _child(name: str, threads: int, seconds: float) -> Row | str:
+    cmd = [sys.executable, "-m", "benchmarks.suite", "--one", name, "--threads", str(threads),
+           "--seconds", str(seconds)]
+    env = dict(os.environ)
+    if threads == 1:
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
+        if shutil.which("taskset"):
+            cmd = ["taskset", "-c", "0", *cmd]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT, env=env)
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        return lines[-1][:200] if lines else f"exit {proc.returncode}"
+    return Row(**json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
+
+
+def table(rows: list[Row], failures: dict[tuple[str, int], str], settings: list[int]) -> str:
+    """One line per model, a column group per thread setting, geomeans at the bottom."""
+    head = "| model | family |"
+    rule = "|---|---|"
+    for t in settings:
+        label = "default" if t == 0 else f"{t} thread"
+        head += f" oxla ms ({label}) | ORT ms ({label}) | oxla/ORT ({label}) |"
+        rule += "---|---|---|"
+    head += " oxla first call s | max abs diff (rel) |"
+    rule += "---|---|"
+    by_key = {(r.model, r.threads): r for r in rows}
+    lines = [head, rule]
+    for name in dict.fromkeys(r.model for r in rows) | dict.fromkeys(m for m, _ in failures):
+        label, family = MODELS[name]
+        line = f"| {label} | {family} |"
+        first = diff = ""
+        for t in settings:
+            r = by_key.get((name, t))
+            if r is None:
+                line += f" failed: {failures.get((name, t), 'not run')} | | |"
+                continue
+            line += f" {r.oxla_ms:.2f} | {r.ort_ms:.2f} | {r.ratio:.2f}x |"
+            if t == settings[0]:
+                first, diff = f"{r.oxla_first_s:.2f}", f"{r.max_abs_diff:.1e} ({r.rel_diff:.1e})"
+        lines.append(line + f" {first} | {diff} |")
+    line = "| **geomean** | |"
+    for t in settings:
+        ratios = [r.ratio for r in rows if r.threads == t]
+        line += f" | | **{geomean(ratios):.2f}x** |"
+    lines.append(line + " | |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ",".join(MODELS))
+    parser.add_argument("--threads", default="default,1", help="thread settings: default and/or 1")
+    parser.add_argument("--seconds", type=float, default=2.0, help="timed calls per side and model")
+    parser.add_argument("--write", help="write the table into this markdown file's 'Benchmark suite' section")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    settings = [0 if t == "default" else int(t) for t in args.threads.split(",") if t]
+    if args.one:
+        print(json.dumps(asdict(measure(args.one, settings[0], args.seconds))))
+        return 0
+    names = [n for n in args.models.split(",") if n]
+    unknown = [n for n in names if n not in MODELS]
+    missing = [n for n in names if model_files(n) is None]
+    if unknown or missing:
+        raise SystemExit(f"unknown models {unknown}; known: {', '.join(MODELS)}" if unknown else
+                         f"missing {missing} in {SUITE_DIR}: run `python scripts/export_bench_models.py` "
+                         "with a Python that has torch and transformers")
+    rows: list[Row] = []
+    failures: dict[tuple[str, int], str] = {}
+    load_before = os.getloadavg()[0]
+    for name in names:
+        for t in settings:
+            r = _child(name, t, args.seconds)
+            where = "default threads" if t == 0 else f"{t} thread"
+            if isinstance(r, str):
+                failures[(name, t)] = r
+                print(f"{name} ({where}): FAILED {r}", flush=True)
+                continue
+            rows.append(r)
+            print(f"{name} ({where}): oxla {r.oxla_ms:.2f} ms, onnxruntime {r.ort_ms:.2f} ms, "
+                  f"{r.ratio:.2f}x, first call {r.oxla_first_s:.2f} s, max diff {r.max_abs_diff:.1e}",
+                  flush=True)
+    text = table(rows, failures, settings)
+    load = f"load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
+    print(f"\n{text}\n\n({load} on {os.cpu_count()} cores)")
+    if args.write:
+        from benchmarks.run import write_results
+
+        write_results(args.write, "Benchmark suite", "suite", argv,
+                      "Models from `scripts/export_bench_models.py` (random weights, seed 0, batch 1). "
+                      "Medians of per-call times over interleaved blocks, each model and thread "
+                      f"setting in its own process; `1 thread` pins both runtimes to one core; {load}.",
+                      text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

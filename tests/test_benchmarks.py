@@ -1,0 +1,76 @@
+"""The benchmark suite's and the profiler's own logic: tables, geomean, agreement, HLO attribution."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from benchmarks import profile, suite
+
+
+def _row(model: str, threads: int, oxla_ms: float, ort_ms: float) -> suite.Row:
+    return suite.Row(model, threads, oxla_ms, ort_ms, 0.1, 0.5, 0.01, 1e-6, 1e-7, 10)
+
+
+def test_table_reports_ratios_failures_and_geomean_per_thread_setting() -> None:
+    rows = [_row("resnet50", 0, 2.0, 1.0), _row("resnet50", 1, 4.0, 2.0),
+            _row("vad", 0, 0.5, 1.0), _row("vad", 1, 1.0, 1.0)]
+    text = suite.table(rows, {("bert_base", 0): "out of memory"}, [0, 1])
+    lines = text.splitlines()
+    assert lines[0].count("oxla/ORT") == 2
+    assert "| 2.00x |" in lines[2] and "| 0.50x |" in lines[3]
+    assert "failed: out of memory" in lines[4]
+    assert lines[-1].startswith("| **geomean**") and "**1.00x**" in lines[-1] and "**1.41x**" in lines[-1]
+
+
+def test_geomean() -> None:
+    assert math.isclose(suite.geomean([2.0, 0.5, 1.0]), 1.0)
+    assert math.isnan(suite.geomean([]))
+
+
+def test_compare_is_absolute_and_relative_and_refuses_other_shapes() -> None:
+    want = [np.array([1.0, -4.0], np.float32), np.array([0], np.int64)]
+    diff, rel = suite._compare([np.array([1.5, -4.0], np.float32), np.array([0], np.int64)], want)
+    assert diff == 0.5 and rel == 0.125
+    assert suite._compare([np.zeros(3, np.float32), want[1]], want) == (math.inf, math.inf)
+
+
+def _conv_relu_sum(x: jax.Array, w: jax.Array) -> jax.Array:
+    y = lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return jnp.maximum(y, 0).sum()
+
+
+def test_parse_hlo_names_each_instruction_and_the_line_that_emitted_it() -> None:
+    text = jax.jit(_conv_relu_sum).lower(jnp.ones((1, 8, 8, 16)), jnp.ones((3, 3, 16, 32))).compile().as_text()
+    instrs = profile.parse_hlo(text)
+    kinds = {i.opcode for i in instrs.values()}
+    assert any("convolution" in k for k in kinds), kinds
+    conv = next(i for i in instrs.values() if "convolution" in i.opcode)
+    assert conv.where.startswith("test_benchmarks.py:_conv_relu_sum:"), conv
+
+
+def test_fusion_kind_names_shifted_multiply_adds_and_transposes() -> None:
+    from collections import Counter
+
+    taps = Counter({"slice": 9, "pad": 9, "multiply": 9, "add": 8, "transpose": 1})
+    assert profile._fusion_kind(taps) == "fusion(taps (shifted multiply-adds) + transpose)"
+    assert profile._fusion_kind(Counter({"dot": 1, "add": 1})) == "fusion(dot)"
+    assert profile._fusion_kind(Counter({"add": 2})) == "fusion(elementwise)"
+
+
+def test_suite_runs_the_shipped_model_end_to_end(tmp_path: Path) -> None:
+    """The harness itself: a child process per setting, agreement, a written section."""
+    out = tmp_path / "bench.md"
+    out.write_text("# Benchmarks\n\n## Other\n\nkept\n")
+    assert suite.main(["--models", "vad", "--threads", "default", "--seconds", "0.05",
+                       "--write", str(out)]) == 0
+    text = out.read_text()
+    assert "## Other\n\nkept" in text and "## Benchmark suite" in text
+    row = next(line for line in text.splitlines() if line.startswith("| VAD"))
+    diff = float(row.split("|")[-2].split()[0])
+    assert diff < 1e-5, row  # oxla and onnxruntime agree on the shipped model
