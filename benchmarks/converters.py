@@ -1,6 +1,6 @@
 """Latency of the converter-made models (models/converters) against onnxruntime, interleaved.
 
-    .venv/bin/python -m benchmarks.converters [--repeat 200] [--steps 50]
+    .venv/bin/python -m benchmarks.converters [--repeat 200] [--steps 50] [--match paddle_]
 
 `--without-run-ahead` also times oxla with the Loop run-ahead off (every tf2onnx RNN loop then
 runs on the host), in the same process, interleaved with the others.
@@ -59,8 +59,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=200)
     parser.add_argument("--steps", type=int, default=50, help="tokens per sentence for text models")
     parser.add_argument("--without-run-ahead", action="store_true")
+    parser.add_argument("--match", default="", help="only the models whose file name contains this")
     args = parser.parse_args()
-    for path in sorted(MODELS.glob("*.onnx")):
+    for path in sorted(p for p in MODELS.glob("*.onnx") if args.match in p.name):
         model = onnx.load(path)
         feeds = _feeds(model, args.steps)
         ref: ort.InferenceSession = _onnxruntime(model)

@@ -93,9 +93,16 @@ def _layout(node: NodeProto, args: list[np.ndarray], attrs: dict) -> np.ndarray 
     return None
 
 
-def _fold(node: NodeProto, args: list[np.ndarray | None], folded: set[str]) -> np.ndarray | None:
+def _foldable(node: NodeProto, folded: set[str]) -> bool:
+    """DequantizeLinear, or an exact layout op on a value folded already."""
+    if node.op_type == "DequantizeLinear":
+        return node.domain in ("", "ai.onnx", "com.microsoft")
+    return node.op_type in _LAYOUT and node.domain in ("", "ai.onnx") and node.input[0] in folded
+
+
+def _fold(node: NodeProto, args: list[np.ndarray | None]) -> np.ndarray | None:
     attrs = {a.name: attribute_value(a) for a in node.attribute}
-    if node.op_type == "DequantizeLinear" and node.domain in ("", "ai.onnx", "com.microsoft"):
+    if node.op_type == "DequantizeLinear":
         if len(args) < 2 or args[0] is None or args[1] is None:
             return None
         kw = {"axis": int(attrs.get("axis", 1))}
@@ -103,8 +110,7 @@ def _fold(node: NodeProto, args: list[np.ndarray | None], folded: set[str]) -> n
             kw |= {"block_size": int(attrs.get("block_size", 0)),
                    "output_dtype": int(attrs.get("output_dtype", 0))}
         return dequantize(args[0], args[1], args[2] if len(args) > 2 else None, **kw)
-    if node.op_type in _LAYOUT and node.domain in ("", "ai.onnx") and node.input[0] in folded \
-            and all(a is not None for a in args):
+    if all(a is not None for a in args):
         return _layout(node, args, attrs)  # type: ignore[arg-type]
     return None
 
@@ -123,10 +129,10 @@ def dequantize_constants(model: ModelProto, memory_limit: int | None = None) -> 
     for node in graph.node:
         names = list(node.input)
         value = None
-        if names and len(node.output) == 1 and node.output[0] not in fixed \
-                and all(n == "" or n in values for n in names) and names[0]:
+        if names and names[0] and len(node.output) == 1 and node.output[0] not in fixed \
+                and _foldable(node, folded) and all(n == "" or n in values for n in names):
             args = [None if n == "" else _array(values[n], cache) for n in names]
-            value = _fold(node, args, folded)
+            value = _fold(node, args)
         if value is None or used + value.nbytes > budget:
             keep.append(node)
             continue
