@@ -27,7 +27,8 @@ from tests.test_converters import MODELS, _feed, _onnxruntime
 def _feeds(model: onnx.ModelProto, steps: int) -> dict[str, Any]:
     feeds = {i.name: _feed(i) for i in model.graph.input}
     if "tokens" in feeds:  # a longer sentence than the tests use
-        feeds["tokens"] = np.random.default_rng(0).integers(0, 50, (4, steps)).astype(np.int32)
+        dtype = feeds["tokens"].dtype  # int32 from tf2onnx, int64 from paddle2onnx
+        feeds["tokens"] = np.random.default_rng(0).integers(0, 50, (4, steps)).astype(dtype)
     return feeds
 
 
