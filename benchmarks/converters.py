@@ -1,6 +1,6 @@
 """Latency of the converter-made models (models/converters) against onnxruntime, interleaved.
 
-    .venv/bin/python -m benchmarks.converters [--repeat 200] [--steps 50]
+    .venv/bin/python -m benchmarks.converters [--repeat 200] [--steps 50] [--match paddle_]
 
 `--without-run-ahead` also times oxla with the Loop run-ahead off (every tf2onnx RNN loop then
 runs on the host), in the same process, interleaved with the others.
@@ -27,7 +27,8 @@ from tests.test_converters import MODELS, _feed, _onnxruntime
 def _feeds(model: onnx.ModelProto, steps: int) -> dict[str, Any]:
     feeds = {i.name: _feed(i) for i in model.graph.input}
     if "tokens" in feeds:  # a longer sentence than the tests use
-        feeds["tokens"] = np.random.default_rng(0).integers(0, 50, (4, steps)).astype(np.int32)
+        dtype = feeds["tokens"].dtype  # int32 from tf2onnx, int64 from paddle2onnx
+        feeds["tokens"] = np.random.default_rng(0).integers(0, 50, (4, steps)).astype(dtype)
     return feeds
 
 
@@ -59,8 +60,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=200)
     parser.add_argument("--steps", type=int, default=50, help="tokens per sentence for text models")
     parser.add_argument("--without-run-ahead", action="store_true")
+    parser.add_argument("--match", default="", help="only the models whose file name contains this")
     args = parser.parse_args()
-    for path in sorted(MODELS.glob("*.onnx")):
+    for path in sorted(p for p in MODELS.glob("*.onnx") if args.match in p.name):
         model = onnx.load(path)
         feeds = _feeds(model, args.steps)
         ref: ort.InferenceSession = _onnxruntime(model)

@@ -19,6 +19,8 @@ from oxla.graph import initializer_values, last_uses, model_opsets, node_reads, 
 from oxla.lowering.context import Options
 from oxla.passes.classify import DispatchTable, check_supported
 from oxla.passes.constants import large_constants_to_initializers
+from oxla.passes.dequantize_constants import dequantize_constants
+from oxla.passes.qdq_conv import qdq_conv_to_integer
 from oxla.passes.static_inputs import required_static
 from oxla.passes.weight_layout import conv_weights_to_hwio, gemm_weights_to_kn
 
@@ -65,6 +67,8 @@ def prepare(model: ModelProto, options: Options) -> DispatchTable:
     if not options.bake_weights:
         large_constants_to_initializers(model)
         if options.layout_weights:
+            qdq_conv_to_integer(model)
+            dequantize_constants(model, options.memory_limit)
             conv_weights_to_hwio(model)
             gemm_weights_to_kn(model)
     return table

@@ -1,4 +1,4 @@
-"""Models written by converters (skl2onnx, onnxmltools, tf2onnx) against onnxruntime.
+"""Models written by converters (skl2onnx, onnxmltools, tf2onnx, paddle2onnx) against onnxruntime.
 
 The files in models/converters/ come from scripts/export_converters.py (each converter in its own
 environment); no converter is needed here. Tolerance: labels and strings exactly; floats to
@@ -73,7 +73,8 @@ def _onnxruntime(model: onnx.ModelProto) -> ort.InferenceSession:
 
 
 def test_the_converter_models_are_there() -> None:
-    assert {"skl_tfidf_linearsvc.onnx", "skl_random_forest.onnx", "lgbm_classifier.onnx"} <= set(FILES)
+    assert {"skl_tfidf_linearsvc.onnx", "skl_random_forest.onnx", "lgbm_classifier.onnx",
+            "keras_bigru_text.onnx", "paddle_cnn_se.onnx", "paddle_bigru_text.onnx"} <= set(FILES)
 
 
 @pytest.mark.parametrize("name", FILES)
