@@ -100,16 +100,9 @@ def _bn_training(x, scale, b, mean, var, epsilon, momentum, spatial=1):
     axes = tuple(i for i in range(x.ndim) if i != 1) if spatial else (0,)
     wide = accum_dtype(x.dtype)
     xw = x.astype(wide)
-    kept = jnp.mean(xw, axis=axes, keepdims=True)
-    dev = xw - kept
-    kept_var = jnp.mean(dev * dev, axis=axes, keepdims=True)  # population variance, as onnx and torch
-    # normalize the centred values: the inference form X * a + (B - mean * a) has the same value,
-    # but its gradient takes sum(dY * X) - mean * sum(dY) for d/da, a cancellation: a
-    # ResNet-18-class prefix lost 1.2% of its float32 stem gradient to it op by op, 4e-5 under
-    # jit (4e-5 and 4e-6 centred; benchmarks/finetune.py's network)
-    a = scale.astype(wide).reshape(kept.shape) * lax.rsqrt(kept_var + jnp.asarray(epsilon, wide))
-    y = (dev * a + b.astype(wide).reshape(kept.shape)).astype(x.dtype)
-    batch_mean, batch_var = kept.reshape(mean.shape), kept_var.reshape(var.shape)
+    batch_mean = jnp.mean(xw, axis=axes)
+    batch_var = jnp.var(xw, axis=axes)  # the population variance, as onnx and torch use here
+    y = _bn_inference(x, scale, b, batch_mean, batch_var, epsilon)
     m = jnp.asarray(momentum, wide)
     running_mean = (mean.astype(wide) * m + batch_mean * (1 - m)).astype(mean.dtype)
     running_var = (var.astype(wide) * m + batch_var * (1 - m)).astype(var.dtype)
