@@ -186,7 +186,7 @@ def curves(python: Path, init: Path, work: Path, steps: int, batch: int, steps64
         text += (f"; float64, {steps64} steps: |difference| "
                  f"{_gaps(np.abs(found['oxla64'] - found['torch64']))}; PyTorch float32 against "
                  f"PyTorch float64: {_gaps(np.abs(theirs[:steps64] - found['torch64']))}")
-    return text
+    return text + "."
 
 
 def _gaps(gap: np.ndarray) -> str:
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="32,64")
     parser.add_argument("--rounds", type=int, default=5, help="alternating oxla/eager/compile rounds")
     parser.add_argument("--steps", type=int, default=4, help="timed steps per side per round")
-    parser.add_argument("--curve-steps", type=int, default=120)
+    parser.add_argument("--curve-steps", type=int, default=120, help="0: step times only")
     parser.add_argument("--curve-batch", type=int, default=32)
     parser.add_argument("--curve64-steps", type=int, default=20, help="also compare in float64 "
                         "over this many steps (0: no)")
@@ -214,9 +214,11 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([str(python), str(TORCH_SIDE), "export", str(init)], check=True)
         params = sum(int(np.prod(t.dims)) for t in onnx.load(init).graph.initializer)
         print(f"ResNet-18-class, widths {WIDTHS}, BatchNorm, 3x64x64: {params / 1e6:.2f}M parameters", flush=True)
-        curve_line = curves(python, init, work, args.curve_steps, args.curve_batch,
-                            args.curve64_steps, args.plot)
-        print(curve_line, flush=True)
+        curve_line = ""
+        if args.curve_steps:
+            curve_line = curves(python, init, work, args.curve_steps, args.curve_batch,
+                                args.curve64_steps, args.plot)
+            print(curve_line, flush=True)
         worker = TorchWorker(python, init)
         rows = []
         try:
@@ -229,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     text = (f"{table(rows)}\n\nPyTorch {worker.info['torch']}, {worker.info['threads']} threads "
             f"(eager and torch.compile), via {python}. {platform.processor() or platform.machine()}, "
             f"{os.cpu_count()} CPUs, load average {load:.1f} when it finished; median over "
-            f"{args.rounds * args.steps} steps per side. {curve_line}.\n")
+            f"{args.rounds * args.steps} steps per side. {curve_line}\n")
     print("\n" + text)
     if args.write:
         with args.write.open("a") as f:
