@@ -84,8 +84,9 @@ def oxla_curve(path: Path, steps: int, batch: int, dtype: str = "float32") -> np
 class TorchWorker:
     """finetune_torch.py serve, driven line by line."""
 
-    def __init__(self, python: Path, init: Path) -> None:
-        self.proc = subprocess.Popen([str(python), str(TORCH_SIDE), "serve", str(init)],
+    def __init__(self, python: Path, init: Path, threads: int | None = None) -> None:
+        extra = [str(threads)] if threads else []
+        self.proc = subprocess.Popen([str(python), str(TORCH_SIDE), "serve", str(init), *extra],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.info = json.loads(self._read())
 
@@ -204,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--curve64-steps", type=int, default=20, help="also compare in float64 "
                         "over this many steps (0: no)")
     parser.add_argument("--torch-python", type=Path)
+    parser.add_argument("--torch-threads", type=int, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--plot", type=Path, help="draw the two loss curves here (PNG)")
     parser.add_argument("--write", type=Path, help="append the results to this markdown file")
     args = parser.parse_args(argv)
@@ -219,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             curve_line = curves(python, init, work, args.curve_steps, args.curve_batch,
                                 args.curve64_steps, args.plot)
             print(curve_line, flush=True)
-        worker = TorchWorker(python, init)
+        worker = TorchWorker(python, init, args.torch_threads)
         rows = []
         try:
             for batch in map(int, args.batches.split(",")):

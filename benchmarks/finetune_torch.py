@@ -4,7 +4,7 @@ quarter of the widths), trained with SGD momentum and a warm-up cosine schedule.
 
     python benchmarks/finetune_torch.py export OUT.onnx     # the initial weights, BN kept
     python benchmarks/finetune_torch.py curve INIT.onnx STEPS BATCH OUT.npz [float64]  # eager losses
-    python benchmarks/finetune_torch.py serve INIT.onnx     # timing: JSON commands on stdin
+    python benchmarks/finetune_torch.py serve INIT.onnx [THREADS]  # timing: JSON commands on stdin
     python benchmarks/finetune_torch.py plot CURVES.npz OUT.png   # matplotlib
 
 serve answers one JSON line per command: {"mode": "eager"|"compile", "batch": B, "steps": K}
@@ -152,7 +152,9 @@ def _timed_step(init: str, mode: str, batch: int) -> tuple:
     return step, sched
 
 
-def serve(init: str) -> None:
+def serve(init: str, threads: str = "") -> None:
+    if threads:
+        torch.set_num_threads(int(threads))
     built: dict[tuple[str, int], tuple] = {}
     print(json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads()}), flush=True)
     for line in sys.stdin:
@@ -212,7 +214,7 @@ def main(argv: list[str]) -> int:
     elif argv[0] == "curve":
         curve(argv[1], int(argv[2]), int(argv[3]), argv[4], *argv[5:6])
     else:
-        serve(argv[1])
+        serve(argv[1], *argv[2:3])
     return 0
 
 
