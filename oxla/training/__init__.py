@@ -15,6 +15,7 @@ from oxla.training.make import (
     strip_training,
 )
 from oxla.training.modes import TrainMode
+from oxla.training.parallel import join
 from oxla.training.recipe import Recipe, Schedule
 from oxla.training.session import TrainingSession
 
@@ -30,6 +31,7 @@ __all__ = [
     "Schedule",
     "TrainMode",
     "TrainingSession",
+    "join",
     "make_trainable",
     "strip_training",
 ]

@@ -25,6 +25,11 @@ class Placement:
     mesh: Mesh | None
     processes: int = 1
 
+    @property
+    def process(self) -> int:
+        """This process's index among `processes` (0 without the distributed runtime)."""
+        return jax.process_index() if self.processes > 1 else 0
+
     def replicate(self, value: Any) -> jax.Array:
         if self.mesh is None:
             return jax.device_put(value)
@@ -94,20 +99,37 @@ def placement(devices: int | None) -> Placement:
     return Placement(devices, Mesh(np.array(local[:devices]), (AXIS,)))
 
 
-def join(coordinator: str, num_processes: int, process_id: int) -> None:
+def join(coordinator: str | None = None, num_processes: int | None = None,
+         process_id: int | None = None) -> None:
     """Join JAX's distributed runtime (once per process, before any JAX computation): training
     sessions created afterwards shard each batch over the devices of every process.
 
     It changes process-wide JAX state, which oxla otherwise never does: only on request. On CPU
-    the cross-process collectives are gloo's.
+    the cross-process collectives are gloo's. Arguments left None are found by
+    `jax.distributed.initialize`: the coordinator from JAX_COORDINATOR_ADDRESS, and all three
+    from the environment of a Slurm job step or an Open MPI launch. Joining again with the same
+    (or no) numbers is a no-op.
+
+    Args:
+        coordinator: HOST:PORT of process 0, where it serves the coordinator (any free port).
+        num_processes: processes in the run.
+        process_id: this process, 0..num_processes-1.
 
     Raises:
-        TrainingError: a process id out of range, or a runtime that cannot start.
+        TrainingError: a process id out of range, a second join with other numbers, or a
+            runtime that cannot start.
     """
-    if num_processes < 1 or not 0 <= process_id < num_processes:
+    if num_processes is not None and process_id is not None and (
+            num_processes < 1 or not 0 <= process_id < num_processes):
         raise TrainingError(f"process id {process_id} is out of range for {num_processes} processes")
+    if jax.distributed.is_initialized():
+        if num_processes in (None, jax.process_count()) and process_id in (None, jax.process_index()):
+            return
+        raise TrainingError(f"this process already joined as process {jax.process_index()} of "
+                            f"{jax.process_count()}; it cannot join again as {process_id} of {num_processes}")
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     try:
         jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id)
     except (RuntimeError, ValueError) as e:
-        raise TrainingError(f"cannot join the distributed runtime at {coordinator}: {e}") from None
+        where = coordinator or "the coordinator the environment names"
+        raise TrainingError(f"cannot join the distributed runtime at {where}: {e}") from None

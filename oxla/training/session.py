@@ -130,6 +130,16 @@ class TrainingSession:
         return self._where.count
 
     @property
+    def process_index(self) -> int:
+        """This process among `process_count` (after `join`): it feeds that share of each batch."""
+        return self._where.process
+
+    @property
+    def process_count(self) -> int:
+        """Processes the session's devices span (1 unless `join` was called)."""
+        return self._where.processes
+
+    @property
     def metadata(self) -> dict[str, str]:
         return {p.key: p.value for p in self._model.metadata_props}
 
@@ -289,12 +299,19 @@ class TrainingSession:
             metadata: metadata_props to add or replace.
             external_data: tensors in a data file beside the model: True always, False never,
                 None when they are over protobuf's 2 GiB limit (see checkpoint.save_model).
+
+        Across processes (after `join`) only process 0 writes: every process holds the same
+        state, and the others return without touching the file (`model()` still works there).
         """
+        if self._where.process != 0:
+            return
         save_model(self.model(metadata), path, external_data=external_data)
 
     def export_inference(self, path: str | os.PathLike[str], *, external_data: bool | None = None) -> None:
         """Write the inference model (training_info stripped) with the current state, atomically;
-        `external_data` as in save."""
+        `external_data` as in save; only process 0 writes, as in save."""
+        if self._where.process != 0:
+            return
         save_model(strip_training(self.model()), path, external_data=external_data)
 
 

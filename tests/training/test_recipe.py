@@ -156,3 +156,19 @@ def test_recipe_errors() -> None:
         make_trainable(model, "mse", recipe=Recipe(clip_norm=0.0))
     with pytest.raises(TrainingError, match="unknown loss 'hinge'"):
         make_trainable(model, "hinge")
+
+
+def test_the_finetune_benchmarks_torch_schedule_is_oxlas() -> None:
+    """benchmarks/finetune_torch.py gives PyTorch's LambdaLR finetune_common.lr_factor: it must
+    be the rate oxla's Schedule("cosine", warmup=WARMUP, total=...) takes each step."""
+    from benchmarks.finetune_common import LR, MOMENTUM, WARMUP, lr_factor
+
+    total = 12
+    recipe = Recipe(Schedule("cosine", warmup=WARMUP, total=total))
+    model = make_trainable(mlp(mlp_weights((D, C))), "mse", Momentum(lr=LR, alpha=MOMENTUM), recipe=recipe)
+    name = {p.key: p.value for p in model.metadata_props}["oxla.training.scheduled_learning_rate"]
+    sess = TrainingSession(model)
+    sess.initialize()
+    x, t = _data("mse")
+    got = [float(sess.step({"x": x, "labels": t}, outputs=[name])[name]) for _ in range(total + 2)]
+    np.testing.assert_allclose(got, [LR * lr_factor(i, total) for i in range(total + 2)], rtol=1e-6)
