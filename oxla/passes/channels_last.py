@@ -1,0 +1,271 @@
+"""ChannelsLastPass: 2-D conv nets computed channels last (NHWC), transposes only at the edges.
+
+XLA:CPU computes convolutions channels last. Given an NCHW graph it lays most values out
+channels last itself, but every fused loop written in channels-first index space (oxla's
+depthwise forms, pools) then reads and writes across the layout: the depthwise loops of
+MobileNet-small ran 3-10x slower inside the model than alone. This pass rewrites the graph:
+
+- every 2-D Conv becomes `oxla.channels_last::Conv` (X and Y channels last, W unchanged);
+- MaxPool (without Indices), AveragePool, GlobalAveragePool, GlobalMaxPool and inference
+  BatchNormalization on a channels-last input become their channels-last twins;
+- elementwise ops, Concat and spatial ReduceMean/Max/Min/Sum on channels-last inputs stay
+  standard ONNX ops, with per-channel constants re-laid out and axes renumbered;
+- anything else (Reshape, Flatten, Transpose, Shape, Gather, a graph output, a subgraph) reads
+  the NCHW value, which one Transpose node makes from the channels-last one where needed.
+
+Renamed values end in `__oxla_nhwc`; the rewritten graph computes the same outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
+
+from oxla.graph import canonical_domain, model_opsets, node_reads, tensor_value
+
+DOMAIN = "oxla.channels_last"
+SUFFIX = "__oxla_nhwc"
+# Switch for measuring the pass on its own (benchmarks/conv.py --channels-last off); plans made
+# while it is False keep the model's layout.
+ENABLED = True
+
+TO_LAST = (0, 2, 3, 1)    # NCHW -> NHWC
+TO_FIRST = (0, 3, 1, 2)   # NHWC -> NCHW
+NHWC_AXIS = {0: 0, 1: 3, 2: 1, 3: 2}  # where each NCHW axis sits in NHWC
+
+# data input 0, any other inputs left as they are (Clip's min/max are scalars)
+UNARY = frozenset({
+    "Relu", "Clip", "HardSwish", "HardSigmoid", "Sigmoid", "Tanh", "LeakyRelu", "Elu", "Selu",
+    "Celu", "Softplus", "Softsign", "Mish", "Gelu", "ThresholdedRelu", "Identity", "Neg", "Abs",
+    "Exp", "Log", "Sqrt", "Reciprocal", "Erf", "Floor", "Ceil", "Round", "Sign", "Cast"})
+# every input broadcast against the others
+BROADCAST = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "PRelu",
+                       "Where"})
+REDUCE = frozenset({"ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum"})
+# the opset from which each reduce takes axes as an input instead of an attribute
+REDUCE_AXES_INPUT = {"ReduceMean": 18, "ReduceMax": 18, "ReduceMin": 18, "ReduceSum": 13}
+POOLS = frozenset({"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"})
+
+
+@dataclass
+class _Rewrite:
+    """The state of one pass over a graph."""
+
+    graph: GraphProto
+    opset: int
+    consts: Callable[[str], np.ndarray | None]
+    ranks: dict[str, int]
+    last: dict[str, str] = field(default_factory=dict)      # NCHW name -> its NHWC value
+    produced: set[str] = field(default_factory=set)         # names only computed channels last
+    nodes: list[NodeProto] = field(default_factory=list)
+    relaid: dict[str, str] = field(default_factory=dict)    # constant name -> NHWC initializer
+    converted: int = 0
+
+    # --- values --------------------------------------------------------------------------------
+
+    def to_last(self, name: str) -> str:
+        """The NHWC value of a 4-D NCHW value, adding one Transpose the first time."""
+        if name not in self.last:
+            self.last[name] = name + SUFFIX
+            self.nodes.append(helper.make_node("Transpose", [name], [name + SUFFIX],
+                                               name=name + "_to_nhwc", perm=list(TO_LAST)))
+        return self.last[name]
+
+    def to_first(self, name: str) -> None:
+        """Make the NCHW `name` exist (a Transpose of its NHWC value) if only that was computed."""
+        if name in self.produced:
+            self.produced.discard(name)
+            self.nodes.append(helper.make_node("Transpose", [self.last[name]], [name],
+                                               name=name + "_to_nchw", perm=list(TO_FIRST)))
+
+    def operand(self, name: str, *, make: bool = True) -> str | None:
+        """An elementwise operand in NHWC terms, or None when it cannot be had.
+
+        With make=False only says whether it can be had, adding nothing to the graph.
+        """
+        if not name or name in self.last:
+            return self.last.get(name, name)
+        value = self.consts(name)
+        if value is not None:
+            if value.ndim > 4:
+                return None
+            if value.size == 1 or not make:
+                return name
+            if name not in self.relaid:
+                full = value.reshape((1,) * (4 - value.ndim) + value.shape)
+                relaid = np.ascontiguousarray(full.transpose(TO_LAST))
+                self.relaid[name] = name + SUFFIX
+                self.graph.initializer.append(numpy_helper.from_array(relaid, name + SUFFIX))
+            return self.relaid[name]
+        if self.ranks.get(name) == 4:
+            return self.to_last(name) if make else name
+        return None
+
+    def emit(self, node: NodeProto, inputs: Sequence[str], *, domain: str | None = None,
+             last_outputs: int = 1, attrs: dict | None = None) -> None:
+        """`node` with new inputs and its first `last_outputs` outputs computed channels last."""
+        new = NodeProto()
+        new.CopyFrom(node)
+        del new.input[:]
+        new.input.extend(inputs)
+        if domain is not None:
+            new.domain = domain
+        for i in range(last_outputs):
+            out = node.output[i]
+            if out:
+                new.output[i] = out + SUFFIX
+                self.last[out] = out + SUFFIX
+                self.produced.add(out)
+        for name, value in (attrs or {}).items():
+            for a in new.attribute:
+                if a.name == name:
+                    new.attribute.remove(a)
+                    break
+            new.attribute.append(helper.make_attribute(name, value))
+        self.nodes.append(new)
+        self.converted += 1
+
+    # --- nodes ---------------------------------------------------------------------------------
+
+    def visit(self, node: NodeProto) -> None:
+        if canonical_domain(node.domain) == "" and not _attr(node, "broadcast") and self._convert(node):
+            return
+        for name in sorted(node_reads(node)):
+            self.to_first(name)
+        self.nodes.append(node)
+
+    def _convert(self, node: NodeProto) -> bool:
+        op = node.op_type
+        x = node.input[0] if node.input else ""
+        if op == "Conv":
+            if len(node.input) < 2 or self.ranks.get(node.input[1]) != 4:
+                return False
+            self.emit(node, [self.last[x] if x in self.last else self.to_last(x), *node.input[1:]],
+                      domain=DOMAIN)
+            return True
+        if x not in self.last:
+            return False
+        if op in UNARY:
+            self.emit(node, [self.last[x], *node.input[1:]])
+            return True
+        if op in BROADCAST or op == "Concat":
+            return self._broadcast(node)
+        if op in POOLS and (len(node.output) == 1 or not node.output[1]):
+            self.emit(node, [self.last[x]], domain=DOMAIN)
+            return True
+        if op == "BatchNormalization" and self.opset >= 9 and len(node.output) == 1 \
+                and not _attr(node, "training_mode"):
+            self.emit(node, [self.last[x], *node.input[1:]], domain=DOMAIN)
+            return True
+        if op in REDUCE:
+            return self._reduce(node)
+        return False
+
+    def _broadcast(self, node: NodeProto) -> bool:
+        if any(self.operand(n, make=False) is None for n in node.input):
+            return False
+        attrs = None
+        if node.op_type == "Concat":
+            axis = _attr(node, "axis", 1)
+            if not -4 <= axis < 4 or any(n not in self.last for n in node.input):
+                return False
+            attrs = {"axis": NHWC_AXIS[axis % 4]}
+        self.emit(node, [self.operand(n) or "" for n in node.input], attrs=attrs)
+        return True
+
+    def _reduce(self, node: NodeProto) -> bool:
+        from_input = self.opset >= REDUCE_AXES_INPUT[node.op_type]
+        if from_input:
+            given = self.consts(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+            axes = None if given is None else [int(a) for a in given.reshape(-1)]
+        else:
+            axes = _ints(node, "axes")
+        if not axes or any(not -4 <= a < 4 for a in axes):
+            return False
+        moved = sorted(NHWC_AXIS[a % 4] for a in axes)
+        keep = [a for a in range(4) if a % 4 not in {b % 4 for b in axes}]
+        keepdims = _attr(node, "keepdims", 1)
+        if not keepdims and keep != sorted(keep, key=lambda a: NHWC_AXIS[a]):
+            return False  # the kept axes would come out in another order
+        inputs = [self.last[node.input[0]]]
+        attrs = None
+        if from_input:
+            name = node.output[0] + "_axes" + SUFFIX
+            self.graph.initializer.append(numpy_helper.from_array(np.asarray(moved, np.int64), name))
+            inputs.append(name)
+        else:
+            attrs = {"axes": moved}
+        # without keepdims the reduced value is the same in both layouts
+        self.emit(node, inputs, last_outputs=1 if keepdims else 0, attrs=attrs)
+        return True
+
+
+def _attr(node: NodeProto, name: str, default: int = 0) -> int:
+    return next((int(a.i) for a in node.attribute if a.name == name), default)
+
+
+def _ints(node: NodeProto, name: str) -> list[int] | None:
+    return next((list(a.ints) for a in node.attribute if a.name == name), None)
+
+
+def _constants(graph: GraphProto) -> Callable[[str], np.ndarray | None]:
+    """name -> value for initializers that cannot be fed and Constant nodes' tensors."""
+    fed = {i.name for i in graph.input}
+    tensors: dict[str, TensorProto] = {t.name: t for t in graph.initializer if t.name not in fed}
+    for node in graph.node:
+        if node.op_type == "Constant" and canonical_domain(node.domain) == "" and node.output \
+                and len(node.attribute) == 1 and node.attribute[0].name == "value":
+            tensors[node.output[0]] = node.attribute[0].t
+    cache: dict[str, np.ndarray] = {}
+
+    def value(name: str) -> np.ndarray | None:
+        if name not in cache and name in tensors:
+            t = tensors[name]
+            cache[name] = tensor_value(name, lambda: numpy_helper.to_array(t))
+        return cache.get(name)
+
+    return value
+
+
+def _ranks(graph: GraphProto) -> dict[str, int]:
+    """The ranks the graph states: inputs, value_info, initializers, Transposes of known ranks."""
+    ranks = {t.name: len(t.dims) for t in graph.initializer}
+    for info in [*graph.input, *graph.value_info]:
+        if info.type.tensor_type.HasField("shape"):
+            ranks[info.name] = len(info.type.tensor_type.shape.dim)
+    for node in graph.node:
+        if node.op_type == "Transpose" and node.input and node.input[0] in ranks and node.output:
+            ranks[node.output[0]] = ranks[node.input[0]]
+        if node.op_type == "Constant" and node.output and node.attribute \
+                and node.attribute[0].name == "value":
+            ranks[node.output[0]] = len(node.attribute[0].t.dims)
+    return ranks
+
+
+def convs_to_channels_last(model: ModelProto) -> int:
+    """Rewrite `model`'s main graph channels last between its 2-D convolutions.
+
+    Returns:
+        How many nodes now compute channels last (0: the model is left unchanged).
+    """
+    if not ENABLED:
+        return 0
+    graph = model.graph
+    opset = model_opsets(model.opset_import).get("", 0)
+    if not any(n.op_type == "Conv" and canonical_domain(n.domain) == "" for n in graph.node):
+        return 0
+    rw = _Rewrite(graph, opset, _constants(graph), _ranks(graph))
+    for node in graph.node:
+        rw.visit(node)
+    for out in graph.output:
+        rw.to_first(out.name)
+    if not rw.converted:
+        return 0
+    del graph.node[:]
+    graph.node.extend(rw.nodes)
+    if DOMAIN not in model_opsets(model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    return rw.converted
