@@ -280,8 +280,8 @@ def dot_last(x: Any, w: Any, strides: Sequence[int], padding: Pads, dilations: S
     acc = accumulator(x.dtype)
     xp = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0), *[(lo, hi, 0) for lo, hi in padding],
                                              (0, 0, 0)])
-    wins = [window(xp, tap, out, strides, [(0, 0)] * nd, dilations, last=True)
-            for tap in itertools.product(*[range(k) for k in kernel])]
+    wins: list[Any] = [window(xp, tap, out, strides, [(0, 0)] * nd, dilations, last=True)
+                       for tap in itertools.product(*[range(k) for k in kernel])]
     cols = wins[0] if kk == 1 else jnp.concatenate(wins, axis=-1)
     wk = jnp.transpose(w, (*range(2, nd + 2), 1, 0)).reshape((kk * c, m))
     y = lax.dot_general(cols.reshape((-1, kk * c)), wk, (((1,), (0,)), ((), ())),
@@ -297,7 +297,7 @@ def choose_last(sizes: Sequence[int], w_shape: Sequence[int], strides: Sequence[
         kk = math.prod(w_shape[2:])
         out = out_sizes(sizes, padding, w_shape[2:], strides, dilations)
         small = kk <= 9 and math.prod(out) * kk * w_shape[1] <= IM2COL_ELEMENTS
-        return dot_last if kk == 1 or small else native_last
+        return dot_last if (kk == 1 or small) and 0 not in out else native_last
     if w_shape[1] == 1 and math.prod(w_shape[2:]) <= GRID_TAPS_TERMS:
         return taps_last
     first = choose(sizes, w_shape, strides, padding, dilations, group)
