@@ -157,3 +157,26 @@ def test_model_without_convolutions_is_unchanged() -> None:
     before = model.SerializeToString()
     assert convs_to_channels_last(model) == 0
     assert model.SerializeToString() == before
+
+
+def test_weights_from_constant_of_shape_and_dropout_mask() -> None:
+    """Light squeezenet's pattern: W made by ConstantOfShape; Dropout's mask read as an output."""
+    nodes = [
+        helper.make_node("ConstantOfShape", ["w_shape"], ["w"],
+                         value=numpy_helper.from_array(np.asarray([0.1], np.float32))),
+        helper.make_node("Conv", ["x", "w"], ["c"]),
+        helper.make_node("Dropout", ["c"], ["y", "mask"], ratio=0.5),
+        helper.make_node("Cast", ["mask"], ["mask_f"], to=onnx.TensorProto.FLOAT),
+    ]
+    inits = [numpy_helper.from_array(np.asarray([3, 4, 1, 1], np.int64), "w_shape")]
+    model = _model(nodes, inits, ["y", "mask_f"], opset=9)
+    assert (DOMAIN, "Conv") in _ops(_planned(model))
+    x = RNG.standard_normal((2, 4, 9, 9)).astype(np.float32)
+    on = oxla.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    channels_last.ENABLED = False
+    try:
+        off = oxla.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    finally:
+        channels_last.ENABLED = True
+    for a, b in zip(on, off):  # (onnxruntime 1.32 gives an all-false mask at opset 9)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

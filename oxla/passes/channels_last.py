@@ -148,8 +148,8 @@ class _Rewrite:
             return True
         if x not in self.last:
             return False
-        if op in UNARY:
-            self.emit(node, [self.last[x], *node.input[1:]])
+        if op in UNARY or op == "Dropout":  # Dropout's mask is elementwise too
+            self.emit(node, [self.last[x], *node.input[1:]], last_outputs=len(node.output))
             return True
         if op in BROADCAST or op == "Concat":
             return self._broadcast(node)
@@ -231,8 +231,9 @@ def _constants(graph: GraphProto) -> Callable[[str], np.ndarray | None]:
 
 
 def _ranks(graph: GraphProto) -> dict[str, int]:
-    """The ranks the graph states: inputs, value_info, initializers, Transposes of known ranks."""
+    """The ranks the graph states: inputs, value_info, initializers, constants, Transposes."""
     ranks = {t.name: len(t.dims) for t in graph.initializer}
+    lengths = {t.name: int(t.dims[0]) for t in graph.initializer if len(t.dims) == 1}
     for info in [*graph.input, *graph.value_info]:
         if info.type.tensor_type.HasField("shape"):
             ranks[info.name] = len(info.type.tensor_type.shape.dim)
@@ -242,6 +243,8 @@ def _ranks(graph: GraphProto) -> dict[str, int]:
         if node.op_type == "Constant" and node.output and node.attribute \
                 and node.attribute[0].name == "value":
             ranks[node.output[0]] = len(node.attribute[0].t.dims)
+        if node.op_type == "ConstantOfShape" and node.input and node.input[0] in lengths:
+            ranks[node.output[0]] = lengths[node.input[0]]
     return ranks
 
 
