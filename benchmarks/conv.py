@@ -139,11 +139,17 @@ def _forms(s: Shape) -> list[str]:
     return out
 
 
+# wall: time.perf_counter; cpu: this process's CPU time (all its threads), which other processes
+# on a shared machine disturb far less: with --threads 1 it is the latency without their load
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+_clock = CLOCKS["wall"]
+
+
 def _block(fn: Callable[[], Any], calls: int) -> float:
-    start = time.perf_counter()
+    start = _clock()
     for _ in range(calls):
         fn()
-    return (time.perf_counter() - start) / calls * 1e3
+    return (_clock() - start) / calls * 1e3
 
 
 def _interleaved(calls: dict[str, Callable[[], Any]], rounds: int, block_ms: float) -> dict[str, float]:
@@ -216,6 +222,7 @@ def measure(s: Shape, threads: int, rounds: int) -> Row:
 class ModelRow:
     model: str
     batch: int
+    threads: int
     ort_ms: float
     before_ms: float
     first_ms: float
@@ -261,13 +268,16 @@ def _feeds(path: str, batch: int) -> dict[str, np.ndarray]:
     return {x.name: np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
 
 
-def measure_model(path: str, batch: int, rounds: int) -> ModelRow:
+def measure_model(path: str, batch: int, rounds: int, threads: int) -> ModelRow:
     """A whole model: onnxruntime; oxla with XLA's native conv everywhere (before conv_forms);
     with conv_forms, channels first (ChannelsLastPass off); and channels last (the default)."""
     import onnxruntime as ort
 
     feeds = _feeds(path, batch)
-    ort_sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    opts = ort.SessionOptions()
+    if threads:
+        opts.intra_op_num_threads = threads
+    ort_sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
     want = ort_sess.run(None, feeds)[0]
     sessions = {"before": _session(path, feeds, channels_last=False, native=True),
                 "first": _session(path, feeds, channels_last=False),
@@ -278,23 +288,28 @@ def measure_model(path: str, batch: int, rounds: int) -> ModelRow:
     calls = {"ort": lambda: ort_sess.run(None, feeds),
              **{k: lambda s=s: s.run(None, feeds) for k, s in sessions.items()}}
     med = _interleaved(calls, rounds, 20.0)
-    return ModelRow(Path(path).stem, batch, med["ort"], med["before"], med["first"], med["last"], diff)
+    return ModelRow(Path(path).stem, batch, threads, med["ort"], med["before"], med["first"],
+                    med["last"], diff)
 
 
 def model_table(rows: list[ModelRow]) -> str:
-    lines = ["| model | batch | onnxruntime ms | native conv, channels first / ort | conv_forms, "
+    lines = ["| model | batch | threads | onnxruntime ms | native conv, channels first / ort | conv_forms, "
              "channels first / ort | channels last (default) / ort | channels last / first | "
-             "max diff / max abs |", "|---|---|---|---|---|---|---|---|"]
+             "max diff / max abs |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r.model} | {r.batch} | {r.ort_ms:.3f} | {r.before_ms / r.ort_ms:.2f}x | "
+        lines.append(f"| {r.model} | {r.batch} | {r.threads or 'default'} | {r.ort_ms:.3f} | {r.before_ms / r.ort_ms:.2f}x | "
                      f"{r.first_ms / r.ort_ms:.2f}x | {r.last_ms / r.ort_ms:.2f}x | "
                      f"{r.last_ms / r.first_ms:.2f} | {r.max_diff:.1e} |")
     return "\n".join(lines)
 
 
-def _child(threads: int, rounds: int, only: str) -> list[Row]:
-    cmd = [sys.executable, "-m", "benchmarks.conv", "--one", str(threads), "--rounds", str(rounds),
-           "--only", only]
+def _run_child(args: list[str], threads: int) -> list[str]:
+    """Run `python -m benchmarks.conv ARGS` in a process set up for `threads`; its stdout lines.
+
+    threads 1: XLA without its multi-threaded Eigen kernels, pinned to one core with taskset
+    (onnxruntime gets intra_op_num_threads=1 inside).
+    """
+    cmd = [sys.executable, "-m", "benchmarks.conv", *args]
     env = dict(os.environ)
     if threads == 1:
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
@@ -303,8 +318,14 @@ def _child(threads: int, rounds: int, only: str) -> list[Row]:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False,
                           cwd=Path(__file__).resolve().parent.parent)
     if proc.returncode != 0:
-        raise SystemExit(f"threads={threads} failed:\n{proc.stderr[-3000:]}")
-    return [Row(**json.loads(line)) for line in proc.stdout.splitlines() if line.startswith("{")]
+        raise SystemExit(f"{' '.join(args)} failed:\n{proc.stderr[-3000:]}")
+    return proc.stdout.splitlines()
+
+
+def _child(threads: int, rounds: int, only: str, clock: str) -> list[Row]:
+    lines = _run_child(["--one", str(threads), "--rounds", str(rounds), "--only", only,
+                        "--clock", clock], threads)
+    return [Row(**json.loads(line)) for line in lines if line.startswith("{")]
 
 
 def _model_path(name: str) -> str:
@@ -317,13 +338,10 @@ def _model_path(name: str) -> str:
                / f"light_{name[len('light:'):]}.onnx")
 
 
-def _model_child(path: str, batch: int, rounds: int) -> ModelRow:
-    cmd = [sys.executable, "-m", "benchmarks.conv", "--one-model", path, str(batch), "--rounds", str(rounds)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
-                          cwd=Path(__file__).resolve().parent.parent)
-    if proc.returncode != 0:
-        raise SystemExit(f"{path} failed:\n{proc.stderr[-3000:]}")
-    return ModelRow(**json.loads(proc.stdout.strip().splitlines()[-1]))
+def _model_child(path: str, batch: int, rounds: int, threads: int, clock: str) -> ModelRow:
+    lines = _run_child(["--one-model", path, str(batch), "--rounds", str(rounds), "--clock", clock,
+                        "--threads", str(threads)], threads)
+    return ModelRow(**json.loads(lines[-1]))
 
 
 def table(rows: list[Row]) -> str:
@@ -349,27 +367,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", help="write the table as a section of this markdown file")
     parser.add_argument("--models", default="", help="also whole models, e.g. models/mobilenet_small.onnx,...")
     parser.add_argument("--batches", default="1,8", help="batch sizes for --models")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall time, or this process's CPU time (steadier on a loaded machine)")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--one-model", nargs=2, metavar=("PATH", "BATCH"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    global _clock
+    _clock = CLOCKS[args.clock]
     shapes = [s for s in SHAPES if args.only in s.name or args.only == s.kind]
     if args.one_model:
-        print(json.dumps(asdict(measure_model(args.one_model[0], int(args.one_model[1]), args.rounds))))
+        print(json.dumps(asdict(measure_model(args.one_model[0], int(args.one_model[1]), args.rounds,
+                                              int(args.threads)))))
         return 0
     if args.one is not None:  # a child: one thread setting, a JSON line per shape
         for s in shapes:
             print(json.dumps(asdict(measure(s, args.one, args.rounds))), flush=True)
         return 0
     load = os.getloadavg()[0]
-    models = [_model_child(_model_path(p), int(b), args.rounds) for p in args.models.split(",") if p
-              for b in args.batches.split(",")]
-    rows = [r for t in args.threads.split(",") if t for r in _child(int(t), args.rounds, args.only)]
+    threads = [int(t) for t in args.threads.split(",") if t]
+    models = [_model_child(_model_path(p), int(b), args.rounds, t, args.clock)
+              for p in args.models.split(",") if p for b in args.batches.split(",") for t in threads]
+    rows = [r for t in threads for r in _child(t, args.rounds, args.only, args.clock)]
     rows.sort(key=lambda r: ([s.name for s in SHAPES].index(r.shape), r.threads))
-    text = table(rows) + ("\n\nWhole models (default threads):\n\n" + model_table(models) if models else "")
+    text = "\n\n".join(part for part in (table(rows) if rows else "", "Whole models:\n\n"
+                                         + model_table(models) if models else "") if part)
     print(text)
     if args.write:
         write_results(args.write, "Convolutions", "conv", argv,
-                      f"Times are medians of {args.rounds} interleaved blocks; form columns are raw "
+                      f"Times ({args.clock} clock) are medians of {args.rounds} interleaved blocks; "
+                      "form columns are raw "
                       "`jax.jit` of each conv_forms form; 'oxla session' is `oxla.InferenceSession` "
                       f"on the one-node model. Load average (1 min) {load:.1f} at the start, "
                       f"{os.getloadavg()[0]:.1f} at the end.", text)
