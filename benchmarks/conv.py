@@ -134,7 +134,7 @@ def _forms(s: Shape) -> list[str]:
     out += ["native_last"]
     if s.c == s.group and s.k * s.k <= F.GRID_TAPS_TERMS:
         out += ["taps_last"]
-    if s.group == 1 and s.k <= 3:
+    if s.k == 1 or (s.group == 1 and s.k <= 3):
         out += ["dot_last"]
     return out
 

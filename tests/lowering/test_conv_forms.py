@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import jax
@@ -135,7 +136,7 @@ def test_every_form_is_reachable() -> None:
 
 def _last_forms(w: np.ndarray, group: int) -> list[str]:
     names = ["native_last"]
-    if group == 1:
+    if group == 1 or math.prod(w.shape[2:]) == 1:
         names.append("dot_last")
     if w.shape[1] == 1:
         names.append("taps_last")
@@ -178,6 +179,7 @@ LAST_CHOICES = [  # (X spatial sizes, W shape, strides, pads, group) -> the chan
     ((16, 16), (96, 1, 3, 3), (1, 1), [(1, 1)] * 2, 96, "taps_last"),
     ((28, 28), (144, 1, 5, 5), (2, 2), [(2, 2)] * 2, 144, "taps_last"),
     ((28, 28), (256, 8, 3, 3), (1, 1), [(1, 1)] * 2, 32, "taps_flat_via_channels_first"),
+    ((28, 28), (60, 80, 1, 1), (1, 1), [(0, 0)] * 2, 3, "dot_last"),
     ((32, 32), (64, 16, 1, 1), (1, 1), [(0, 0)] * 2, 1, "dot_last"),
     ((16, 16), (16, 8, 3, 3), (2, 2), [(1, 1)] * 2, 1, "dot_last"),
     ((56, 56), (64, 64, 3, 3), (1, 1), [(1, 1)] * 2, 1, "native_last"),
