@@ -180,3 +180,20 @@ def test_weights_from_constant_of_shape_and_dropout_mask() -> None:
         channels_last.ENABLED = True
     for a, b in zip(on, off):  # (onnxruntime 1.32 gives an all-false mask at opset 9)
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_lower_rank_operands_computed_in_the_graph() -> None:
+    """DenseNet's (light model) BatchNorm as Mul/Add by Unsqueeze'd (C,) vectors, and a (W,) row."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["scale"], ["scale_r"]),  # computed, not an initializer
+        helper.make_node("Unsqueeze", ["scale_r"], ["scale_u"], axes=[1, 2]),
+        helper.make_node("Mul", ["c", "scale_u"], ["m"]),
+        helper.make_node("Neg", ["row"], ["row_n"]),
+        helper.make_node("Add", ["m", "row_n"], ["y"]),  # (9,) broadcasts along W
+    ]
+    inits = [_w("w", 3, 4, 3, 3), _w("scale", 3), _w("row", 9)]
+    planned = _check(_model(nodes, inits, ["y"], opset=9))
+    assert [n.op_type for n in planned.graph.node if n.domain == DOMAIN].count("ToLast") == 2
+    names = [n.name for n in planned.graph.node if n.op_type == "Transpose"]
+    assert names == ["w_to_oihw", "x_to_nhwc", "y_to_nchw"]  # the kernel's is WeightLayoutPass's

@@ -100,8 +100,17 @@ class _Rewrite:
                 self.relaid[name] = name + SUFFIX
                 self.graph.initializer.append(numpy_helper.from_array(relaid, name + SUFFIX))
             return self.relaid[name]
-        if self.ranks.get(name) == 4:
-            return self.to_last(name) if make else name
+        rank = self.ranks.get(name)
+        if rank == 0 or (rank is not None and not make and rank <= 4):
+            return name
+        if rank == 4:
+            return self.to_last(name)
+        if rank is not None and rank < 4:  # e.g. a (C, 1, 1) scale computed from constants
+            if name not in self.relaid:
+                self.relaid[name] = name + "_b" + SUFFIX
+                self.nodes.append(helper.make_node("ToLast", [name], [self.relaid[name]],
+                                                   name=name + "_to_nhwc", domain=DOMAIN))
+            return self.relaid[name]
         return None
 
     def emit(self, node: NodeProto, inputs: Sequence[str], *, domain: str | None = None,
@@ -230,22 +239,47 @@ def _constants(graph: GraphProto) -> Callable[[str], np.ndarray | None]:
     return value
 
 
+SAME_RANK = UNARY | POOLS | {"Dropout", "BatchNormalization", "Transpose", "LRN", "Softmax"}
+
+
 def _ranks(graph: GraphProto) -> dict[str, int]:
-    """The ranks the graph states: inputs, value_info, initializers, constants, Transposes."""
+    """The ranks the graph states or that follow from them through simple ops."""
     ranks = {t.name: len(t.dims) for t in graph.initializer}
     lengths = {t.name: int(t.dims[0]) for t in graph.initializer if len(t.dims) == 1}
     for info in [*graph.input, *graph.value_info]:
         if info.type.tensor_type.HasField("shape"):
             ranks[info.name] = len(info.type.tensor_type.shape.dim)
     for node in graph.node:
-        if node.op_type == "Transpose" and node.input and node.input[0] in ranks and node.output:
-            ranks[node.output[0]] = ranks[node.input[0]]
-        if node.op_type == "Constant" and node.output and node.attribute \
-                and node.attribute[0].name == "value":
-            ranks[node.output[0]] = len(node.attribute[0].t.dims)
-        if node.op_type == "ConstantOfShape" and node.input and node.input[0] in lengths:
-            ranks[node.output[0]] = lengths[node.input[0]]
+        rank = _rank_of(node, ranks, lengths)
+        if rank is not None and node.output and node.output[0]:
+            ranks[node.output[0]] = rank
     return ranks
+
+
+def _rank_of(node: NodeProto, ranks: dict[str, int], lengths: dict[str, int]) -> int | None:
+    """The rank of a node's first output, when its op and its inputs' ranks decide it."""
+    op, ins = node.op_type, list(node.input)
+    first = ranks.get(ins[0]) if ins else None
+    if canonical_domain(node.domain) != "":
+        return None
+    if op == "Constant" and node.attribute and node.attribute[0].name == "value":
+        return len(node.attribute[0].t.dims)
+    if op in ("ConstantOfShape", "Reshape") and ins and ins[-1] in lengths:
+        return lengths[ins[-1]]
+    if op in SAME_RANK:
+        return first
+    if op in BROADCAST:
+        known = [ranks.get(n) for n in ins if n]
+        return None if None in known or not known else max(k for k in known if k is not None)
+    if op == "Conv" and len(ins) > 1:
+        return ranks.get(ins[1])
+    if op in ("Unsqueeze", "Squeeze") and first is not None:
+        axes = _ints(node, "axes")
+        count = len(axes) if axes is not None else lengths.get(ins[1]) if len(ins) > 1 else None
+        if count is None:
+            return None
+        return first + count if op == "Unsqueeze" else first - count
+    return None
 
 
 def convs_to_channels_last(model: ModelProto) -> int:

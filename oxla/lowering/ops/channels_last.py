@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from oxla.lowering.common import accum_dtype
+from oxla.lowering.common import accum_dtype, xp
 from oxla.lowering.ops import conv_forms
 from oxla.lowering.ops.conv import conv_window
 from oxla.lowering.ops.pool import _counts, lowest, wide, window
@@ -76,3 +76,13 @@ def batch_normalization(cx, x, scale, b, input_mean, input_var, *, epsilon=1e-5,
     a = scale.astype(acc) * lax.rsqrt(input_var.astype(acc) + jnp.asarray(epsilon, acc))
     shift = b.astype(acc) - input_mean.astype(acc) * a
     return (x.astype(acc) * a + shift).astype(x.dtype)
+
+
+@rule("ToLast", since=1, domain=DOMAIN)
+def to_last(cx, x):
+    """Y = X with leading 1s up to rank 4, then (N, C, H, W) -> (N, H, W, C): a broadcast operand
+    of a channels-last elementwise op."""
+    if x.ndim > 4:
+        raise cx.fail(f"input must have rank <= 4, got shape {tuple(x.shape)}")
+    full = x.reshape((1,) * (4 - x.ndim) + tuple(x.shape))
+    return xp(full).transpose(full, (0, 2, 3, 1))
