@@ -197,3 +197,20 @@ def test_lower_rank_operands_computed_in_the_graph() -> None:
     assert [n.op_type for n in planned.graph.node if n.domain == DOMAIN].count("ToLast") == 2
     names = [n.name for n in planned.graph.node if n.op_type == "Transpose"]
     assert names == ["w_to_oihw", "x_to_nhwc", "y_to_nchw"]  # the kernel's is WeightLayoutPass's
+
+
+def test_channel_shuffle_stays_channels_last() -> None:
+    """ShuffleNet's Reshape (N, g, C/g, H, W) -> Transpose (0, 2, 1, 3, 4) -> Reshape (N, C, H, W)."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], group=2),
+        helper.make_node("Reshape", ["c", "s5"], ["r5"]),
+        helper.make_node("Transpose", ["r5"], ["t5"], perm=[0, 2, 1, 3, 4]),
+        helper.make_node("Reshape", ["t5", "s4"], ["shuffled"]),
+        helper.make_node("Conv", ["shuffled", "w2"], ["y"], group=3),
+    ]
+    inits = [_w("w", 6, 2, 1, 1), _w("w2", 6, 2, 3, 3),
+             numpy_helper.from_array(np.asarray([0, 3, 2, 9, -1], np.int64), "s5"),
+             numpy_helper.from_array(np.asarray([2, -1, 9, 9], np.int64), "s4")]
+    planned = _check(_model(nodes, inits, ["y"]))
+    edges = [n.name for n in planned.graph.node if n.name.endswith(("_to_nhwc", "_to_nchw"))]
+    assert edges == ["x_to_nhwc", "y_to_nchw"]

@@ -62,6 +62,8 @@ class _Rewrite:
     produced: set[str] = field(default_factory=set)         # names only computed channels last
     nodes: list[NodeProto] = field(default_factory=list)
     relaid: dict[str, str] = field(default_factory=dict)    # constant name -> NHWC initializer
+    shuffles: dict[str, tuple[NodeProto, NodeProto]] = field(default_factory=dict)
+    skip: set[str] = field(default_factory=set)             # outputs of nodes already rewritten
     converted: int = 0
 
     # --- values --------------------------------------------------------------------------------
@@ -140,6 +142,11 @@ class _Rewrite:
     # --- nodes ---------------------------------------------------------------------------------
 
     def visit(self, node: NodeProto) -> None:
+        if node.output and node.output[0] in self.skip:
+            return
+        if node.output and node.output[0] in self.shuffles and node.input[0] in self.last:
+            self._shuffle(node)
+            return
         if canonical_domain(node.domain) == "" and not _attr(node, "broadcast") and self._convert(node):
             return
         for name in sorted(node_reads(node)):
@@ -185,6 +192,31 @@ class _Rewrite:
         self.emit(node, [self.operand(n) or "" for n in node.input], attrs=attrs)
         return True
 
+    def _shuffle(self, first: NodeProto) -> None:
+        """ShuffleNet's channel shuffle, Reshape (N, g, C/g, H, W) -> Transpose (0, 2, 1, 3, 4)
+        -> Reshape (N, C, H, W), done channels last: (N, H, W, g, C/g) swapping the last two."""
+        transpose, second = self.shuffles[first.output[0]]
+        s1 = [int(v) for v in self.consts(first.input[1]).reshape(-1)]  # type: ignore[union-attr]
+        s2 = [int(v) for v in self.consts(second.input[1]).reshape(-1)]  # type: ignore[union-attr]
+        steps = [(first, [s1[0], s1[3], s1[4], s1[1], s1[2]]), (second, [s2[0], s2[2], s2[3], s2[1]])]
+        names = [self.last[first.input[0]]]
+        for node, shape in steps:
+            init = node.output[0] + "_shape" + SUFFIX
+            self.graph.initializer.append(numpy_helper.from_array(np.asarray(shape, np.int64), init))
+            names.append(node.output[0] + SUFFIX)
+            self.nodes.append(helper.make_node("Reshape", [names[-2], init], [names[-1]],
+                                               name=(node.name or node.output[0]) + SUFFIX))
+            if node is first:
+                names.append(transpose.output[0] + SUFFIX)
+                self.nodes.append(helper.make_node("Transpose", [names[-2]], [names[-1]],
+                                                   perm=[0, 1, 2, 4, 3],
+                                                   name=(transpose.name or names[-1]) + SUFFIX))
+        out = second.output[0]
+        self.last[out] = names[-1]
+        self.produced.add(out)
+        self.skip.update({transpose.output[0], out})
+        self.converted += 3
+
     def _reduce(self, node: NodeProto) -> bool:
         from_input = self.opset >= REDUCE_AXES_INPUT[node.op_type]
         if from_input:
@@ -218,6 +250,41 @@ def _attr(node: NodeProto, name: str, default: int = 0) -> int:
 
 def _ints(node: NodeProto, name: str) -> list[int] | None:
     return next((list(a.ints) for a in node.attribute if a.name == name), None)
+
+
+def _shuffles(graph: GraphProto, consts: Callable[[str], np.ndarray | None]
+              ) -> dict[str, tuple[NodeProto, NodeProto]]:
+    """Channel shuffles (Reshape to 5-D, Transpose (0, 2, 1, 3, 4), Reshape to 4-D, constant
+    shapes, nothing else reading the intermediate values), by the first Reshape's output."""
+    readers: dict[str, list[NodeProto]] = {}
+    for node in graph.node:
+        for name in node_reads(node):
+            readers.setdefault(name, []).append(node)
+    for out in graph.output:
+        readers.setdefault(out.name, []).append(NodeProto())
+
+    def only_reader(name: str, op: str) -> NodeProto | None:
+        found = readers.get(name, [])
+        ok = len(found) == 1 and found[0].op_type == op and canonical_domain(found[0].domain) == ""
+        return found[0] if ok else None
+
+    def shape(node: NodeProto, rank: int) -> bool:
+        value = consts(node.input[1]) if len(node.input) == 2 else None
+        # a 0 copies the input's dimension at that index, which moves: only the batch's may be 0
+        return value is not None and value.shape == (rank,) and 0 not in value[1:] \
+            and not _attr(node, "allowzero")
+
+    found = {}
+    for node in graph.node:
+        if node.op_type != "Reshape" or canonical_domain(node.domain) != "" or not shape(node, 5):
+            continue
+        transpose = only_reader(node.output[0], "Transpose")
+        if transpose is None or _ints(transpose, "perm") != [0, 2, 1, 3, 4]:
+            continue
+        second = only_reader(transpose.output[0], "Reshape")
+        if second is not None and second.input[0] == transpose.output[0] and shape(second, 4):
+            found[node.output[0]] = (transpose, second)
+    return found
 
 
 def _constants(graph: GraphProto) -> Callable[[str], np.ndarray | None]:
@@ -294,7 +361,8 @@ def convs_to_channels_last(model: ModelProto) -> int:
     opset = model_opsets(model.opset_import).get("", 0)
     if not any(n.op_type == "Conv" and canonical_domain(n.domain) == "" for n in graph.node):
         return 0
-    rw = _Rewrite(graph, opset, _constants(graph), _ranks(graph))
+    consts = _constants(graph)
+    rw = _Rewrite(graph, opset, consts, _ranks(graph), shuffles=_shuffles(graph, consts))
     for node in graph.node:
         rw.visit(node)
     for out in graph.output:
