@@ -214,3 +214,28 @@ def test_channel_shuffle_stays_channels_last() -> None:
     planned = _check(_model(nodes, inits, ["y"]))
     edges = [n.name for n in planned.graph.node if n.name.endswith(("_to_nhwc", "_to_nchw"))]
     assert edges == ["x_to_nhwc", "y_to_nchw"]
+
+
+@pytest.mark.parametrize("axes", [[1], [-3, 2], None])
+def test_slice_split_and_resize_stay_channels_last(axes: list[int] | None) -> None:
+    """ShuffleNetV2's channel split (Slice, Split) and DBNet's upsampling (Resize) renumbered."""
+    slice_inputs = ["c", "starts", "ends"] + (["axes"] if axes is not None else [])
+    n = len(axes) if axes is not None else 2
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Slice", slice_inputs, ["sl"]),
+        helper.make_node("Split", ["c"], ["a", "b"], axis=1),
+        helper.make_node("Add", ["a", "b"], ["ab"]),
+        helper.make_node("Resize", ["ab", "", "scales"], ["up"], mode="linear"),
+        helper.make_node("Resize", ["c", "", "", "sizes"], ["up2"], mode="nearest"),
+    ]
+    inits = [_w("w", 6, 4, 3, 3),
+             numpy_helper.from_array(np.asarray([1, 2][:n], np.int64), "starts"),
+             numpy_helper.from_array(np.asarray([4, 7][:n], np.int64), "ends"),
+             numpy_helper.from_array(np.asarray([1, 1, 2, 1.5], np.float32), "scales"),
+             numpy_helper.from_array(np.asarray([2, 6, 5, 12], np.int64), "sizes")]
+    if axes is not None:
+        inits.append(numpy_helper.from_array(np.asarray(axes, np.int64), "axes"))
+    planned = _check(_model(nodes, inits, ["sl", "up", "up2"], opset=13))
+    edges = sorted(n.name for n in planned.graph.node if n.name.endswith(("_to_nhwc", "_to_nchw")))
+    assert edges == ["sl_to_nchw", "up2_to_nchw", "up_to_nchw", "x_to_nhwc"]

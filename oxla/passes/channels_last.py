@@ -178,7 +178,55 @@ class _Rewrite:
             return True
         if op in REDUCE:
             return self._reduce(node)
+        if op == "Split":
+            axis = _attr(node, "axis", 0)
+            if not -4 <= axis < 4:
+                return False
+            self.emit(node, [self.last[x], *node.input[1:]], last_outputs=len(node.output),
+                      attrs={"axis": NHWC_AXIS[axis % 4]})
+            return True
+        if op == "Slice" and self.opset >= 10:
+            return self._slice(node)
+        if op == "Resize" and self.opset >= 11:
+            return self._resize(node)
         return False
+
+    def _constant_input(self, node: NodeProto, i: int, suffix: str, value: np.ndarray) -> str:
+        """A new initializer for input `i` of `node`: its channels-last `value`."""
+        name = (node.output[0] or node.name) + suffix + SUFFIX
+        self.graph.initializer.append(numpy_helper.from_array(value, name))
+        return name
+
+    def _slice(self, node: NodeProto) -> bool:
+        """Slice (v10+) with constant axes (or none: the first len(starts) axes), renumbered."""
+        ins = list(node.input) + [""] * (5 - len(node.input))
+        starts = self.consts(ins[1])
+        given = self.consts(ins[3]) if ins[3] else None if starts is None else np.arange(starts.size)
+        if given is None:
+            return False
+        if any(not -4 <= int(a) < 4 for a in given.reshape(-1)):
+            return False
+        moved = np.asarray([NHWC_AXIS[int(a) % 4] for a in given.reshape(-1)], np.int64)
+        ins[3] = self._constant_input(node, 3, "_axes", moved)
+        self.emit(node, [self.last[ins[0]], *ins[1:3], ins[3], ins[4]][:max(4, len(node.input))])
+        return True
+
+    def _resize(self, node: NodeProto) -> bool:
+        """Resize (v11+) by constant 4-D scales or sizes, no roi and no axes: both re-laid out."""
+        ins = list(node.input) + [""] * (4 - len(node.input))
+        roi = self.consts(ins[1]) if ins[1] else np.zeros(0)
+        if roi is None or roi.size or any(a.name == "axes" for a in node.attribute) \
+                or any(a.name == "keep_aspect_ratio_policy" for a in node.attribute):
+            return False
+        for i, suffix in ((2, "_scales"), (3, "_sizes")):
+            value = self.consts(ins[i]) if ins[i] else np.zeros(0)
+            if value is None or value.size not in (0, 4):
+                return False
+            if value.size:
+                ins[i] = self._constant_input(node, i, suffix,
+                                              np.ascontiguousarray(value.reshape(4)[list(TO_LAST)]))
+        self.emit(node, [self.last[ins[0]], *ins[1:]][:len(node.input)])
+        return True
 
     def _broadcast(self, node: NodeProto) -> bool:
         if any(self.operand(n, make=False) is None for n in node.input):
