@@ -96,6 +96,13 @@ def test_mobile_block_runs_channels_last_with_transposes_at_the_edges() -> None:
     for op in ("Conv", "BatchNormalization", "GlobalAveragePool", "MaxPool", "AveragePool"):
         assert (DOMAIN, op) in ops, op
     assert ("", "Conv") not in ops
+    # the planned model is still a model that onnxruntime runs: its channels-last ops carry ONNX
+    # function bodies (onnx.checker on a planned model: tests/test_ort_parity.py)
+    x = RNG.standard_normal((2, 4, 9, 9)).astype(np.float32)
+    again = ort.InferenceSession(planned.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(again.run(None, {"x": x})[0], oxla.InferenceSession(
+        _model(nodes, inits, ["y", "h"], opset=14).SerializeToString()).run(None, {"x": x})[0],
+        rtol=1e-4, atol=1e-5)
     # in: x; out: 'h' (a graph output) and 'mean' (read by Flatten)
     transposes = [n for n in planned.graph.node if n.op_type == "Transpose" and n.name.endswith(
         ("_to_nhwc", "_to_nchw"))]

@@ -22,7 +22,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
+from onnx import (
+    AttributeProto,
+    FunctionProto,
+    GraphProto,
+    ModelProto,
+    NodeProto,
+    TensorProto,
+    helper,
+    numpy_helper,
+)
 
 from oxla.graph import canonical_domain, model_opsets, node_reads, tensor_value
 
@@ -421,4 +430,50 @@ def convs_to_channels_last(model: ModelProto) -> int:
     graph.node.extend(rw.nodes)
     if DOMAIN not in model_opsets(model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    _add_bodies(model, rw.nodes, opset)
     return rw.converted
+
+
+# Each channels-last op as an ONNX function of standard ops (transpose, the op, transpose back):
+# the planned model (what a session writes as its optimized model after a graph break) stays a
+# valid model that onnxruntime runs. oxla itself runs the native rules: the dispatch table was
+# built before this pass, so it does not see these functions.
+_BODY_INPUTS = {"Conv": (["X", "W", "B"], [0]), "MaxPool": (["X"], [0]),
+                "AveragePool": (["X"], [0]), "GlobalAveragePool": (["X"], [0]),
+                "GlobalMaxPool": (["X"], [0]),
+                "BatchNormalization": (["X", "scale", "B", "mean", "var"], [0])}
+
+
+def _add_bodies(model: ModelProto, nodes: Sequence[NodeProto], opset: int) -> None:
+    """Add (once) a model-local function body for every channels-last op `nodes` use."""
+    attrs: dict[str, dict[str, int]] = {}
+    for node in nodes:
+        if node.domain == DOMAIN:
+            used = attrs.setdefault(node.op_type, {})
+            used.update({a.name: a.type for a in node.attribute})
+    have = {(f.domain, f.name) for f in model.functions}
+    for op, used in sorted(attrs.items()):
+        if (DOMAIN, op) not in have:
+            model.functions.append(_body(op, used, opset))
+    if attrs:
+        model.ir_version = max(model.ir_version, 8)  # model-local functions
+
+
+def _body(op: str, used: dict[str, int], opset: int) -> FunctionProto:
+    imports = [helper.make_opsetid("", opset)]
+    if op == "ToLast":  # leading 1s up to rank 4 (Expand broadcasts), then NCHW -> NHWC
+        ones = helper.make_node("Constant", [], ["ones"], value=numpy_helper.from_array(
+            np.ones(4, np.int64), "ones"))
+        nodes = [ones, helper.make_node("Expand", ["X", "ones"], ["full"]),
+                 helper.make_node("Transpose", ["full"], ["Y"], perm=list(TO_LAST))]
+        return helper.make_function(DOMAIN, op, ["X"], ["Y"], nodes, imports)
+    inputs, moved = _BODY_INPUTS[op]
+    args = [f"{n}_first" if i in moved else n for i, n in enumerate(inputs)]
+    nodes = [helper.make_node("Transpose", [inputs[i]], [args[i]], perm=list(TO_FIRST))
+             for i in moved]
+    core = helper.make_node(op, args, ["Y_first"])
+    core.attribute.extend(helper.make_attribute_ref(name, AttributeProto.AttributeType.ValueType(kind))
+                          for name, kind in sorted(used.items()))
+    nodes += [core, helper.make_node("Transpose", ["Y_first"], ["Y"], perm=list(TO_LAST))]
+    return helper.make_function(DOMAIN, op, inputs, ["Y"], nodes, imports,
+                                attributes=sorted(used))
