@@ -6,7 +6,7 @@ depthwise forms, pools) then reads and writes across the layout: the depthwise l
 MobileNet-small ran 3-10x slower inside the model than alone. This pass rewrites the graph:
 
 - every 2-D Conv becomes `oxla.channels_last::Conv` (X and Y channels last, W unchanged);
-- MaxPool (without Indices), AveragePool, GlobalAveragePool, GlobalMaxPool and inference
+- MaxPool (without Indices), GlobalAveragePool, GlobalMaxPool and inference
   BatchNormalization on a channels-last input become their channels-last twins;
 - elementwise ops, Concat and spatial ReduceMean/Max/Min/Sum on channels-last inputs stay
   standard ONNX ops, with per-channel constants re-laid out and axes renumbered;
@@ -56,7 +56,10 @@ BROADCAST = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "
 REDUCE = frozenset({"ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum"})
 # the opset from which each reduce takes axes as an input instead of an attribute
 REDUCE_AXES_INPUT = {"ReduceMean": 18, "ReduceMax": 18, "ReduceMin": 18, "ReduceSum": 13}
-POOLS = frozenset({"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"})
+# AveragePool is not moved: channels last, light densenet121's transition pools (2x2, stride 2)
+# came out wrong inside the model (NaN or off by 0.44 at the output) although the same
+# reduce_window alone is exact; an open defect, see the branch notes
+POOLS = frozenset({"MaxPool", "GlobalAveragePool", "GlobalMaxPool"})
 
 
 @dataclass
@@ -439,7 +442,7 @@ def convs_to_channels_last(model: ModelProto) -> int:
 # valid model that onnxruntime runs. oxla itself runs the native rules: the dispatch table was
 # built before this pass, so it does not see these functions.
 _BODY_INPUTS = {"Conv": (["X", "W", "B"], [0]), "MaxPool": (["X"], [0]),
-                "AveragePool": (["X"], [0]), "GlobalAveragePool": (["X"], [0]),
+                "GlobalAveragePool": (["X"], [0]),
                 "GlobalMaxPool": (["X"], [0]),
                 "BatchNormalization": (["X", "scale", "B", "mean", "var"], [0])}
 

@@ -13,7 +13,7 @@ from jax import lax
 from oxla.lowering.common import accum_dtype, xp
 from oxla.lowering.ops import conv_forms
 from oxla.lowering.ops.conv import conv_window
-from oxla.lowering.ops.pool import _counts, lowest, wide, window
+from oxla.lowering.ops.pool import lowest, wide, window
 from oxla.lowering.registry import rule
 from oxla.passes.channels_last import DOMAIN
 
@@ -42,17 +42,6 @@ def max_pool(cx, x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_sh
     """MaxPool (Y only) with X and Y channels last."""
     win = window(cx, _first(x), kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     return win.reduce(x, lowest(x.dtype), lax.max, last=True)
-
-
-@rule("AveragePool", since=1, domain=DOMAIN)
-def average_pool(cx, x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None,
-                 kernel_shape=None, pads=None, strides=None):
-    """AveragePool with X and Y channels last."""
-    win = window(cx, _first(x), kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
-    xs = wide(x)
-    sums = win.reduce(xs, 0, lax.add, last=True)
-    count = jnp.asarray(_counts(win, count_include_pad)[..., None], xs.dtype)
-    return (sums / count).astype(x.dtype)
 
 
 @rule("GlobalAveragePool", since=1, domain=DOMAIN)
