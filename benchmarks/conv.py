@@ -1,10 +1,17 @@
 """Convolution forms against onnxruntime's Conv, per shape class: the measurements behind conv_forms.choose.
 
     python -m benchmarks.conv [--threads 0,1] [--rounds 7] [--only depthwise] [--write docs/benchmarks.md]
+        [--models models/mobilenet_small.onnx,light:squeezenet --batches 1,8]
 
-For each shape: XLA's native convolution, each candidate form of conv_forms (raw jax.jit, W as
-an OIHW argument), oxla's InferenceSession on a one-node model (the form the rule chose, W
-stored the way sessions store it) and onnxruntime on the same model. Each thread setting runs
+Whole models (--models; `light:NAME` is onnx's shipped light model zoo file) run onnxruntime and
+three oxla builds interleaved: XLA's native conv channels first, conv_forms channels first
+(ChannelsLastPass off) and channels last (the default).
+
+For each shape: XLA's native convolution, each candidate form of conv_forms (raw jax.jit; the
+channels-first forms with W an OIHW argument, the channels-last `*_last` forms with X as
+(N, H, W, C) and W stored HWIO, as sessions leave them inside a conv net), oxla's
+InferenceSession on a one-node model (ChannelsLastPass puts a transpose on each side of a lone
+Conv) and onnxruntime on the same model. Each thread setting runs
 in its own process: threads 0 is both runtimes' default; threads 1 is onnxruntime with
 intra_op_num_threads=1 and XLA with --xla_cpu_multi_thread_eigen=false, both pinned to one core
 with taskset. Within a process the candidates are timed in interleaved blocks (~3 ms of calls
@@ -32,7 +39,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from benchmarks.run import write_results
 
-FORMS = ("native", "taps", "taps_flat", "dot", "split")
+FORMS = ("native", "taps", "taps_flat", "dot", "split", "native_last", "taps_last", "dot_last")
 MAX_TAPS_TERMS = 150  # beyond this the fused sum compiles for minutes and runs slowly: not tried
 
 
@@ -87,6 +94,7 @@ class Row:
     ort_ms: float
     oxla_ms: float
     chosen: str
+    chosen_last: str
     oxla_floor_ms: float
     ort_floor_ms: float
     forms_ms: dict[str, float] = field(default_factory=dict)
@@ -123,14 +131,25 @@ def _forms(s: Shape) -> list[str]:
         out += ["dot"]
     if s.group > 1:
         out += ["split"]
+    out += ["native_last"]
+    if s.c == s.group and s.k * s.k <= F.GRID_TAPS_TERMS:
+        out += ["taps_last"]
+    if s.k == 1 or (s.group == 1 and s.k <= 3):
+        out += ["dot_last"]
     return out
 
 
+# wall: time.perf_counter; cpu: this process's CPU time (all its threads), which other processes
+# on a shared machine disturb far less: with --threads 1 it is the latency without their load
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+_clock = CLOCKS["wall"]
+
+
 def _block(fn: Callable[[], Any], calls: int) -> float:
-    start = time.perf_counter()
+    start = _clock()
     for _ in range(calls):
         fn()
-    return (time.perf_counter() - start) / calls * 1e3
+    return (_clock() - start) / calls * 1e3
 
 
 def _interleaved(calls: dict[str, Callable[[], Any]], rounds: int, block_ms: float) -> dict[str, float]:
@@ -161,10 +180,19 @@ def _candidates(s: Shape, x: np.ndarray, w: np.ndarray, threads: int) -> dict[st
     calls: dict[str, Callable[[], Any]] = {
         name: lambda sess=sess: sess.run(None, {"x": x})[0] for name, sess in sessions.items()}
     xj, wj = jax.numpy.asarray(x), jax.numpy.asarray(w)
+    # channels-last forms: X as (N, H, W, C) and W stored HWIO, as a session's ChannelsLastPass
+    # and WeightLayoutPass leave them
+    xl = jax.numpy.asarray(np.ascontiguousarray(np.moveaxis(x, 1, -1)))
+    wh = jax.numpy.asarray(np.ascontiguousarray(w.transpose(2, 3, 1, 0)))
     for name in _forms(s):
-        f = jax.jit(functools.partial(getattr(F, name), strides=(s.stride,) * 2,
-                                      padding=[(s.k // 2,) * 2] * 2, dilations=(1, 1), group=s.group))
-        calls[name] = lambda f=f: f(xj, wj).block_until_ready()
+        form = functools.partial(getattr(F, name), strides=(s.stride,) * 2,
+                                 padding=[(s.k // 2,) * 2] * 2, dilations=(1, 1), group=s.group)
+        if name.endswith("_last"):
+            f = jax.jit(lambda x, h, form=form: form(x, jax.numpy.transpose(h, (3, 2, 0, 1))))
+            calls[name] = lambda f=f: f(xl, wh).block_until_ready()
+        else:
+            f = jax.jit(form)
+            calls[name] = lambda f=f: f(xj, wj).block_until_ready()
     return calls
 
 
@@ -179,11 +207,14 @@ def measure(s: Shape, threads: int, rounds: int) -> Row:
     want = calls["ort"]()
     for name, fn in calls.items():
         if not name.endswith("_floor"):
-            np.testing.assert_allclose(np.asarray(fn()), want, rtol=1e-3,
+            got = np.asarray(fn())
+            got = np.moveaxis(got, -1, 1) if name.endswith("_last") else got
+            np.testing.assert_allclose(got, want, rtol=1e-3,
                                        atol=1e-3 * float(np.abs(want).max()), err_msg=f"{s.name}: {name}")
     med = _interleaved(calls, rounds, 3.0)
-    chosen = F.choose((s.size,) * 2, w.shape, (s.stride,) * 2, [(s.k // 2,) * 2] * 2, (1, 1), s.group)
-    return Row(s.name, s.kind, threads, med.pop("ort"), med.pop("oxla"), chosen.__name__,
+    geometry = ((s.size,) * 2, w.shape, (s.stride,) * 2, [(s.k // 2,) * 2] * 2, (1, 1), s.group)
+    return Row(s.name, s.kind, threads, med.pop("ort"), med.pop("oxla"),
+               F.choose(*geometry).__name__, F.choose_last(*geometry).__name__,
                med.pop("oxla_floor"), med.pop("ort_floor"), med)
 
 
@@ -191,9 +222,11 @@ def measure(s: Shape, threads: int, rounds: int) -> Row:
 class ModelRow:
     model: str
     batch: int
+    threads: int
     ort_ms: float
     before_ms: float
-    after_ms: float
+    first_ms: float
+    last_ms: float
     max_diff: float
 
 
@@ -203,44 +236,80 @@ def _native_only(*_: Any) -> Callable[..., Any]:
     return conv_forms.native
 
 
-def measure_model(path: str, batch: int, rounds: int) -> ModelRow:
-    """A whole model: oxla before (XLA's native conv everywhere) and after this rule, and onnxruntime."""
-    import onnxruntime as ort
-
+def _session(path: str, feeds: dict[str, np.ndarray], *, channels_last: bool,
+             native: bool = False) -> Any:
+    """An oxla session compiled (by a first run) with ChannelsLastPass on or off, and with
+    conv_forms.choose patched to XLA's native conv if asked."""
     import oxla
     from oxla.lowering.ops import conv_forms
+    from oxla.passes import channels_last as pass_module
 
-    feeds = {"image": np.random.default_rng(0).standard_normal((batch, 3, 64, 64)).astype(np.float32)}
-    ort_sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    after = oxla.InferenceSession(path)
-    want = ort_sess.run(None, feeds)[0]
-    got = after.run(None, feeds)[0]  # compiles with the rule
     chosen = conv_forms.choose
-    conv_forms.choose = _native_only  # type: ignore[assignment]  # "before": what Conv did
+    pass_module.ENABLED = channels_last
+    if native:
+        conv_forms.choose = _native_only  # type: ignore[assignment]  # "before": what Conv did
     try:
-        before = oxla.InferenceSession(path)
-        before.run(None, feeds)  # compiles now, while the patch holds
+        sess = oxla.InferenceSession(path)
+        sess.run(None, feeds)  # compiles now, while the settings hold
     finally:
         conv_forms.choose = chosen  # type: ignore[assignment]
-    calls = {"ort": lambda: ort_sess.run(None, feeds), "before": lambda: before.run(None, feeds),
-             "after": lambda: after.run(None, feeds)}
+        pass_module.ENABLED = True
+    return sess
+
+
+def _feeds(path: str, batch: int) -> dict[str, np.ndarray]:
+    """Random feeds for a one-input image model: its declared shape with batch as dimension 0."""
+    import onnx
+
+    graph = onnx.load(path, load_external_data=False).graph
+    inits = {t.name for t in graph.initializer}
+    x = next(i for i in graph.input if i.name not in inits)
+    shape = [batch] + [d.dim_value for d in x.type.tensor_type.shape.dim[1:]]
+    return {x.name: np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
+
+
+def measure_model(path: str, batch: int, rounds: int, threads: int) -> ModelRow:
+    """A whole model: onnxruntime; oxla with XLA's native conv everywhere (before conv_forms);
+    with conv_forms, channels first (ChannelsLastPass off); and channels last (the default)."""
+    import onnxruntime as ort
+
+    feeds = _feeds(path, batch)
+    opts = ort.SessionOptions()
+    if threads:
+        opts.intra_op_num_threads = threads
+    ort_sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    want = ort_sess.run(None, feeds)[0]
+    sessions = {"before": _session(path, feeds, channels_last=False, native=True),
+                "first": _session(path, feeds, channels_last=False),
+                "last": _session(path, feeds, channels_last=True)}
+    scale = max(float(np.max(np.abs(want))), 1e-30)
+    diff = max(float(np.max(np.abs(np.asarray(s.run(None, feeds)[0]) - want))) / scale
+               for s in sessions.values())
+    calls = {"ort": lambda: ort_sess.run(None, feeds),
+             **{k: lambda s=s: s.run(None, feeds) for k, s in sessions.items()}}
     med = _interleaved(calls, rounds, 20.0)
-    diff = float(np.max(np.abs(np.asarray(got) - want)) / max(float(np.max(np.abs(want))), 1e-30))
-    return ModelRow(Path(path).stem, batch, med["ort"], med["before"], med["after"], diff)
+    return ModelRow(Path(path).stem, batch, threads, med["ort"], med["before"], med["first"],
+                    med["last"], diff)
 
 
 def model_table(rows: list[ModelRow]) -> str:
-    lines = ["| model | batch | onnxruntime ms | oxla before ms | oxla after ms | before / ort | "
-             "after / ort | max diff / max abs |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | batch | threads | onnxruntime ms | native conv, channels first / ort | conv_forms, "
+             "channels first / ort | channels last (default) / ort | channels last / first | "
+             "max diff / max abs |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r.model} | {r.batch} | {r.ort_ms:.3f} | {r.before_ms:.3f} | {r.after_ms:.3f} | "
-                     f"{r.before_ms / r.ort_ms:.2f}x | {r.after_ms / r.ort_ms:.2f}x | {r.max_diff:.1e} |")
+        lines.append(f"| {r.model} | {r.batch} | {r.threads or 'default'} | {r.ort_ms:.3f} | {r.before_ms / r.ort_ms:.2f}x | "
+                     f"{r.first_ms / r.ort_ms:.2f}x | {r.last_ms / r.ort_ms:.2f}x | "
+                     f"{r.last_ms / r.first_ms:.2f} | {r.max_diff:.1e} |")
     return "\n".join(lines)
 
 
-def _child(threads: int, rounds: int, only: str) -> list[Row]:
-    cmd = [sys.executable, "-m", "benchmarks.conv", "--one", str(threads), "--rounds", str(rounds),
-           "--only", only]
+def _run_child(args: list[str], threads: int) -> list[str]:
+    """Run `python -m benchmarks.conv ARGS` in a process set up for `threads`; its stdout lines.
+
+    threads 1: XLA without its multi-threaded Eigen kernels, pinned to one core with taskset
+    (onnxruntime gets intra_op_num_threads=1 inside).
+    """
+    cmd = [sys.executable, "-m", "benchmarks.conv", *args]
     env = dict(os.environ)
     if threads == 1:
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
@@ -249,23 +318,36 @@ def _child(threads: int, rounds: int, only: str) -> list[Row]:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False,
                           cwd=Path(__file__).resolve().parent.parent)
     if proc.returncode != 0:
-        raise SystemExit(f"threads={threads} failed:\n{proc.stderr[-3000:]}")
-    return [Row(**json.loads(line)) for line in proc.stdout.splitlines() if line.startswith("{")]
+        raise SystemExit(f"{' '.join(args)} failed:\n{proc.stderr[-3000:]}")
+    return proc.stdout.splitlines()
 
 
-def _model_child(path: str, batch: int, rounds: int) -> ModelRow:
-    cmd = [sys.executable, "-m", "benchmarks.conv", "--one-model", path, str(batch), "--rounds", str(rounds)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
-                          cwd=Path(__file__).resolve().parent.parent)
-    if proc.returncode != 0:
-        raise SystemExit(f"{path} failed:\n{proc.stderr[-3000:]}")
-    return ModelRow(**json.loads(proc.stdout.strip().splitlines()[-1]))
+def _child(threads: int, rounds: int, only: str, clock: str) -> list[Row]:
+    lines = _run_child(["--one", str(threads), "--rounds", str(rounds), "--only", only,
+                        "--clock", clock], threads)
+    return [Row(**json.loads(line)) for line in lines if line.startswith("{")]
+
+
+def _model_path(name: str) -> str:
+    """A model path; `light:NAME` is onnx's shipped backend/test/data/light/light_NAME.onnx."""
+    if not name.startswith("light:"):
+        return name
+    import onnx
+
+    return str(Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+               / f"light_{name[len('light:'):]}.onnx")
+
+
+def _model_child(path: str, batch: int, rounds: int, threads: int, clock: str) -> ModelRow:
+    lines = _run_child(["--one-model", path, str(batch), "--rounds", str(rounds), "--clock", clock,
+                        "--threads", str(threads)], threads)
+    return ModelRow(**json.loads(lines[-1]))
 
 
 def table(rows: list[Row]) -> str:
     """Markdown: per shape and thread setting, each form's time as a ratio to onnxruntime's."""
     lines = ["| shape | threads | onnxruntime ms | oxla session ms | oxla / ort | session floor "
-             "oxla / ort ms | chosen form | "
+             "oxla / ort ms | chosen form (first / last) | "
              + " | ".join(f"{f} / ort" for f in FORMS) + " | fastest form |",
              "|---|---|---|---|---|---|---|" + "---|" * len(FORMS) + "---|"]
     for r in rows:
@@ -273,7 +355,7 @@ def table(rows: list[Row]) -> str:
         best = min(r.forms_ms, key=r.forms_ms.__getitem__)
         lines.append(f"| {r.shape} | {r.threads or 'default'} | {r.ort_ms:.3f} | {r.oxla_ms:.3f} | "
                      f"{r.oxla_ms / r.ort_ms:.2f}x | {r.oxla_floor_ms:.3f} / {r.ort_floor_ms:.3f} | "
-                     f"{r.chosen} | " + " | ".join(cells) + f" | {best} |")
+                     f"{r.chosen} / {r.chosen_last} | " + " | ".join(cells) + f" | {best} |")
     return "\n".join(lines)
 
 
@@ -285,27 +367,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", help="write the table as a section of this markdown file")
     parser.add_argument("--models", default="", help="also whole models, e.g. models/mobilenet_small.onnx,...")
     parser.add_argument("--batches", default="1,8", help="batch sizes for --models")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall time, or this process's CPU time (steadier on a loaded machine)")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--one-model", nargs=2, metavar=("PATH", "BATCH"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    global _clock
+    _clock = CLOCKS[args.clock]
     shapes = [s for s in SHAPES if args.only in s.name or args.only == s.kind]
     if args.one_model:
-        print(json.dumps(asdict(measure_model(args.one_model[0], int(args.one_model[1]), args.rounds))))
+        print(json.dumps(asdict(measure_model(args.one_model[0], int(args.one_model[1]), args.rounds,
+                                              int(args.threads)))))
         return 0
     if args.one is not None:  # a child: one thread setting, a JSON line per shape
         for s in shapes:
             print(json.dumps(asdict(measure(s, args.one, args.rounds))), flush=True)
         return 0
     load = os.getloadavg()[0]
-    models = [_model_child(p, int(b), args.rounds) for p in args.models.split(",") if p
-              for b in args.batches.split(",")]
-    rows = [r for t in args.threads.split(",") if t for r in _child(int(t), args.rounds, args.only)]
+    threads = [int(t) for t in args.threads.split(",") if t]
+    models = [_model_child(_model_path(p), int(b), args.rounds, t, args.clock)
+              for p in args.models.split(",") if p for b in args.batches.split(",") for t in threads]
+    rows = [r for t in threads for r in _child(t, args.rounds, args.only, args.clock)]
     rows.sort(key=lambda r: ([s.name for s in SHAPES].index(r.shape), r.threads))
-    text = table(rows) + ("\n\nWhole models (default threads):\n\n" + model_table(models) if models else "")
+    text = "\n\n".join(part for part in (table(rows) if rows else "", "Whole models:\n\n"
+                                         + model_table(models) if models else "") if part)
     print(text)
     if args.write:
         write_results(args.write, "Convolutions", "conv", argv,
-                      f"Times are medians of {args.rounds} interleaved blocks; form columns are raw "
+                      f"Times ({args.clock} clock) are medians of {args.rounds} interleaved blocks; "
+                      "form columns are raw "
                       "`jax.jit` of each conv_forms form; 'oxla session' is `oxla.InferenceSession` "
                       f"on the one-node model. Load average (1 min) {load:.1f} at the start, "
                       f"{os.getloadavg()[0]:.1f} at the end.", text)

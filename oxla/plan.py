@@ -17,6 +17,7 @@ from onnx import ModelProto, NodeProto, TypeProto
 from oxla.dtypes import is_float
 from oxla.graph import initializer_values, last_uses, model_opsets, node_reads, producers
 from oxla.lowering.context import Options
+from oxla.passes.channels_last import convs_to_channels_last
 from oxla.passes.classify import DispatchTable, check_supported
 from oxla.passes.constants import large_constants_to_initializers
 from oxla.passes.dequantize_constants import dequantize_constants
@@ -71,6 +72,7 @@ def prepare(model: ModelProto, options: Options) -> DispatchTable:
             dequantize_constants(model, options.memory_limit)
             conv_weights_to_hwio(model)
             gemm_weights_to_kn(model)
+            convs_to_channels_last(model)
     return table
 
 

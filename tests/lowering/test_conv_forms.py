@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import jax
@@ -129,3 +130,65 @@ def test_choose(sizes: tuple, w_shape: tuple, strides: tuple, padding: list, gro
 def test_every_form_is_reachable() -> None:
     chosen = {c[-1] for c in CHOICES}
     assert chosen == set(FORMS) | {"native"}
+
+
+# --- channels last: X (N, *S, C), Y (N, *O, M) --------------------------------------------------
+
+def _last_forms(w: np.ndarray, group: int) -> list[str]:
+    names = ["native_last"]
+    if group == 1 or math.prod(w.shape[2:]) == 1:
+        names.append("dot_last")
+    if w.shape[1] == 1:
+        names.append("taps_last")
+    return names
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_channels_last_forms_match_native(case: tuple) -> None:
+    x, w, s, padding, d = _case(*case)
+    group = case[2]
+    want = np.asarray(F.native(x, w, s, padding, d, group))
+    xl = np.moveaxis(x, 1, -1)
+    chosen = F.choose_last(x.shape[2:], w.shape, s, padding, d, group)
+    for name, form in [(n, getattr(F, n)) for n in _last_forms(w, group)] + [("chosen", chosen)]:
+        got = np.moveaxis(np.asarray(form(xl, w, s, padding, d, group)), -1, 1)
+        assert got.dtype == np.float64, name
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10, err_msg=name)
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[3], CASES[8], CASES[9]], ids=_ids)
+def test_channels_last_gradients_match_native(case: tuple) -> None:
+    x, w, s, padding, d = _case(*case)
+    group = case[2]
+    xl = np.moveaxis(x, 1, -1)
+    r = RNG.standard_normal(np.asarray(F.native_last(xl, w, s, padding, d, group)).shape)
+
+    def loss(form, x, w):  # type: ignore[no-untyped-def]
+        return jnp.sum(form(x, w, s, padding, d, group) * r)
+
+    want = jax.grad(lambda x, w: loss(F.native_last, x, w), argnums=(0, 1))(xl, w)
+    for name in _last_forms(w, group):
+        form = getattr(F, name)
+        got = jax.jit(jax.grad(lambda x, w, f=form: loss(f, x, w), argnums=(0, 1)))(xl, w)
+        for g, want_g in zip(got, want):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(want_g), rtol=1e-9, atol=1e-9,
+                                       err_msg=name)
+
+
+LAST_CHOICES = [  # (X spatial sizes, W shape, strides, pads, group) -> the channels-last form
+    ((16, 16), (96, 1, 3, 3), (1, 1), [(1, 1)] * 2, 96, "taps_last"),
+    ((28, 28), (144, 1, 5, 5), (2, 2), [(2, 2)] * 2, 144, "taps_last"),
+    ((28, 28), (256, 8, 3, 3), (1, 1), [(1, 1)] * 2, 32, "taps_flat_via_channels_first"),
+    ((28, 28), (60, 80, 1, 1), (1, 1), [(0, 0)] * 2, 3, "dot_last"),
+    ((32, 32), (64, 16, 1, 1), (1, 1), [(0, 0)] * 2, 1, "dot_last"),
+    ((16, 16), (16, 8, 3, 3), (2, 2), [(1, 1)] * 2, 1, "dot_last"),
+    ((56, 56), (64, 64, 3, 3), (1, 1), [(1, 1)] * 2, 1, "native_last"),
+    ((64, 64), (8, 3, 7, 7), (2, 2), [(3, 3)] * 2, 1, "native_last"),
+]
+
+
+@pytest.mark.parametrize("sizes, w_shape, strides, padding, group, form", LAST_CHOICES,
+                         ids=[f"{c[1]}-g{c[4]}-s{c[2][0]}" for c in LAST_CHOICES])
+def test_choose_last(sizes: tuple, w_shape: tuple, strides: tuple, padding: list, group: int,
+                     form: str) -> None:
+    assert F.choose_last(sizes, w_shape, strides, padding, (1, 1), group).__name__ == form

@@ -30,6 +30,11 @@ FUSED_PAD_TERMS = 9
 # 1x1 kernels one batched dot.
 FLAT_TAPS_TERMS = 72
 GRID_TAPS_TERMS = 25
+# A dense channels-last 3x3 (or smaller) convolution whose im2col buffer (output pixels x C x
+# prod(K)) has at most this many elements runs as one dot (`dot_last`): 1.3-3x faster than XLA's
+# own convolution on the small shapes of ResNet-small, 3x slower at 56x56x64 (1.8M elements);
+# a 7x7 stem (49 slices to concatenate) was not faster. 1x1 kernels always (X is the operand).
+IM2COL_ELEMENTS = 1 << 19
 
 Form = Callable[..., Any]
 
@@ -65,23 +70,26 @@ def pad(x: Any, padding: Pads) -> Any:
 
 
 def window(x: Any, tap: Sequence[int], out: Sequence[int], strides: Sequence[int],
-           padding: Pads, dilations: Sequence[int]) -> Any | None:
+           padding: Pads, dilations: Sequence[int], *, last: bool = False) -> Any | None:
     """What kernel tap `tap` multiplies: x's strided window, zero-padded to the output's shape.
 
     None when the tap reads only padding. The pad fuses into the consumer's loop (a select per
-    element) instead of materializing a padded copy of x.
+    element) instead of materializing a padded copy of x. X is (N, C, *S), or (N, *S, C) if last.
     """
-    starts, limits, pads = [0, 0], list(x.shape[:2]), [(0, 0, 0), (0, 0, 0)]
-    for t, d, s, (lo, _), size, o in zip(tap, dilations, strides, padding, x.shape[2:], out):
+    first_axis = 1 if last else 2
+    starts, limits = [0] * x.ndim, list(x.shape)
+    pads = [(0, 0, 0)] * x.ndim
+    step = [1] * x.ndim
+    for i, (t, d, s, (lo, _), o) in enumerate(zip(tap, dilations, strides, padding, out)):
+        axis, size = first_axis + i, x.shape[first_axis + i]
         first = t * d - lo  # the x index output 0 reads; outputs before o_min read padding
         o_min = -(first // s) if first < 0 else 0
         o_max = min(o - 1, (size - 1 - first) // s)
         if o_max < o_min:
             return None
-        starts.append(o_min * s + first)
-        limits.append(o_max * s + first + 1)
-        pads.append((o_min, o - 1 - o_max, 0))
-    cut = lax.slice(x, starts, limits, (1, 1, *strides))
+        starts[axis], limits[axis], step[axis] = o_min * s + first, o_max * s + first + 1, s
+        pads[axis] = (o_min, o - 1 - o_max, 0)
+    cut = lax.slice(x, starts, limits, step)
     return lax.pad(cut, jnp.zeros((), x.dtype), pads)
 
 
@@ -211,6 +219,113 @@ def split(x: Any, w: Any, strides: Sequence[int], padding: Pads, dilations: Sequ
     ys = [native(x[:, g * cg:(g + 1) * cg], w[g * mg:(g + 1) * mg], strides, padding, dilations, 1)
           for g in range(group)]
     return jnp.concatenate(ys, axis=1)
+
+
+# --- channels last: X (N, *S, C), Y (N, *O, M); W stays (M, C/group, *K) -----------------------
+
+def _last_spec(nd: int) -> lax.ConvDimensionNumbers:
+    last = (0, nd + 1, *range(1, nd + 1))  # batch, feature, spatial... as positions in (N, *S, C)
+    return lax.ConvDimensionNumbers(last, tuple(range(nd + 2)), last)
+
+
+def native_last(x: Any, w: Any, strides: Sequence[int], padding: Pads, dilations: Sequence[int],
+                group: int) -> Any:
+    """XLA's own convolution on channels-last X and Y (what XLA:CPU computes in: no copies)."""
+    return lax.conv_general_dilated(
+        x, w, tuple(strides), list(padding), rhs_dilation=tuple(dilations),
+        dimension_numbers=_last_spec(x.ndim - 2), feature_group_count=group)
+
+
+def taps_last(x: Any, w: Any, strides: Sequence[int], padding: Pads, dilations: Sequence[int],
+              group: int) -> Any:
+    """`taps` on channels-last X for one input channel per group (depthwise, any multiplier).
+
+    Each tap is one multiply-add of a shifted window of X by a per-channel weight row, and the
+    fused loop runs along the contiguous channel axis.
+    """
+    n, sizes = x.shape[0], tuple(x.shape[1:-1])
+    m, kernel = w.shape[0], tuple(w.shape[2:])
+    acc = accumulator(x.dtype)
+    # W as (*K, M): each tap's row contiguous (and, for a kernel stored HWIO, W's own layout)
+    nd = len(kernel)
+    xa, mult = x.astype(acc), m // group
+    wa = jnp.transpose(w.astype(acc), (*range(2, nd + 2), 1, 0)).reshape((*kernel, m))
+    out = out_sizes(sizes, padding, kernel, strides, dilations)
+    # padded once: with a select per tap fused into the loop, stride 1 ran 3-14x slower alone
+    # (one thread, CPU time); strided 3x3 ran 0.35x alone but 1.35x inside MobileNet-small, where
+    # the pad fuses into the producer's loop instead of being a pass of its own
+    config = [(0, 0, 0), *[(lo, hi, 0) for lo, hi in padding], (0, 0, 0)]
+    xa, padding = lax.pad(xa, jnp.zeros((), acc), config), [(0, 0)] * nd
+    y: Any = None
+    for tap in itertools.product(*[range(k) for k in kernel]):
+        win = window(xa, tap, out, strides, padding, dilations, last=True)
+        if win is None:
+            continue
+        if mult > 1:  # output channel j reads input channel j // mult; channels stay innermost
+            win = jnp.broadcast_to(win[..., None], (*win.shape, mult)).reshape((*win.shape[:-1], m))
+        term = win * wa[tap]
+        y = term if y is None else y + term
+    if y is None:  # every tap reads padding only
+        return jnp.zeros((n, *out, m), x.dtype)
+    return y.astype(x.dtype)
+
+
+def dot_last(x: Any, w: Any, strides: Sequence[int], padding: Pads, dilations: Sequence[int],
+             group: int) -> Any:
+    """`dense_dot_last` per group (channel slices of X and W), the results concatenated."""
+    if group == 1:
+        return dense_dot_last(x, w, strides, padding, dilations, 1)
+    cg, mg = x.shape[-1] // group, w.shape[0] // group
+    ys = [dense_dot_last(x[..., g * cg:(g + 1) * cg], w[g * mg:(g + 1) * mg], strides, padding,
+                         dilations, 1) for g in range(group)]
+    return jnp.concatenate(ys, axis=-1)
+
+
+def dense_dot_last(x: Any, w: Any, strides: Sequence[int], padding: Pads,
+                   dilations: Sequence[int], group: int) -> Any:
+    """A dense channels-last convolution as one dot: the taps' windows of X side by side on the
+    channel axis (im2col, (N, *O, K*C)) times W as (K*C, M), which for a kernel stored HWIO is
+    W's own layout."""
+    n, c, m = x.shape[0], x.shape[-1], w.shape[0]
+    kernel = tuple(w.shape[2:])
+    nd, kk = len(kernel), math.prod(kernel)
+    out = out_sizes(x.shape[1:-1], padding, kernel, strides, dilations)
+    acc = accumulator(x.dtype)
+    xp = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0), *[(lo, hi, 0) for lo, hi in padding],
+                                             (0, 0, 0)])
+    wins: list[Any] = [window(xp, tap, out, strides, [(0, 0)] * nd, dilations, last=True)
+                       for tap in itertools.product(*[range(k) for k in kernel])]
+    cols = wins[0] if kk == 1 else jnp.concatenate(wins, axis=-1)
+    wk = jnp.transpose(w, (*range(2, nd + 2), 1, 0)).reshape((kk * c, m))
+    y = lax.dot_general(cols.reshape((-1, kk * c)), wk, (((1,), (0,)), ((), ())),
+                        preferred_element_type=acc)
+    return y.reshape((n, *out, m)).astype(x.dtype)
+
+
+def choose_last(sizes: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
+                padding: Pads, dilations: Sequence[int], group: int) -> Form:
+    """The form of a channels-last convolution: a dot for 1x1 and small dense kernels, taps for
+    depthwise, XLA's own for other dense ones, and otherwise the channels-first form `choose`
+    picks, between two transposes."""
+    if group == 1:
+        kk = math.prod(w_shape[2:])
+        out = out_sizes(sizes, padding, w_shape[2:], strides, dilations)
+        small = kk <= 9 and math.prod(out) * kk * w_shape[1] <= IM2COL_ELEMENTS
+        return dot_last if (kk == 1 or small) and 0 not in out else native_last
+    if w_shape[1] == 1 and math.prod(w_shape[2:]) <= GRID_TAPS_TERMS:
+        return taps_last
+    if math.prod(w_shape[2:]) == 1 and 0 not in out_sizes(sizes, padding, w_shape[2:], strides,
+                                                          dilations):
+        return dot_last  # one dot per group: ShuffleNet's 1x1 g3 2.5x onnxruntime, 3.5x via NCHW
+    first = choose(sizes, w_shape, strides, padding, dilations, group)
+
+    def via_channels_first(x: Any, w: Any, strides: Sequence[int], padding: Pads,
+                           dilations: Sequence[int], group: int) -> Any:
+        y = first(jnp.moveaxis(x, -1, 1), w, strides, padding, dilations, group)
+        return jnp.moveaxis(y, 1, -1)
+
+    via_channels_first.__name__ = f"{first.__name__}_via_channels_first"
+    return via_channels_first
 
 
 def choose(sizes: Sequence[int], w_shape: Sequence[int], strides: Sequence[int], padding: Pads,

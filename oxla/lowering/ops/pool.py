@@ -36,7 +36,15 @@ class Window:
         """Padding of every axis for lax.reduce_window (batch and channel unpadded)."""
         return [(0, 0), (0, 0)] + [(lo, hi + e) for (lo, hi), e in zip(self.pads, self.extra)]
 
-    def reduce(self, x, init, op):
+    def reduce(self, x, init, op, *, last: bool = False):
+        """reduce_window over the spatial axes: X (N, C, *S), or (N, *S, C) if last."""
+        if last:
+            if 0 in self.out:
+                return jnp.zeros((x.shape[0], *self.out, x.shape[-1]), x.dtype)
+            pads = self.padding()
+            return lax.reduce_window(x, np.asarray(init, x.dtype), op, (1, *self.kernel, 1),
+                                     (1, *self.strides, 1), [pads[0], *pads[2:], pads[1]],
+                                     window_dilation=(1, *self.dilations, 1))
         if 0 in self.out:
             return jnp.zeros(x.shape[:2] + self.out, x.dtype)
         # a numpy init value stays a literal: a traced one makes reduce_window non-differentiable
@@ -51,7 +59,7 @@ class Window:
         if 0 in self.out:
             return jnp.zeros(x.shape[:2] + self.out, x.dtype)
         if sum(self.kernel) > _MAX_SLICES:
-            return self.reduce(x, _lowest(x.dtype), lax.max)
+            return self.reduce(x, lowest(x.dtype), lax.max)
         return _window_max(x, self)
 
     def taps(self, axis: int) -> np.ndarray:
@@ -67,7 +75,7 @@ _MAX_SLICES = 32  # beyond this many slices in all, reduce_window (large windows
 def _window_max(x, win: Window):
     """Window.max as strided slices; its derivatives are reduce_window's (the first maximum of a
     window takes the gradient), so training sees the same MaxPool either way."""
-    low = np.asarray(_lowest(x.dtype), x.dtype)
+    low = np.asarray(lowest(x.dtype), x.dtype)
     y = x
     for axis, (k, s, d, o) in enumerate(zip(win.kernel, win.strides, win.dilations, win.out)):
         a = axis + 2
@@ -87,7 +95,7 @@ def _window_max(x, win: Window):
 @_window_max.defjvp
 def _window_max_jvp(win: Window, primals, tangents):
     (x,), (t,) = primals, tangents
-    _, dy = jax.jvp(lambda v: win.reduce(v, _lowest(v.dtype), lax.max), (x,), (t,))
+    _, dy = jax.jvp(lambda v: win.reduce(v, lowest(v.dtype), lax.max), (x,), (t,))
     return _window_max(x, win), dy
 
 
@@ -118,13 +126,13 @@ def window(cx, x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode=0)
     return Window(sizes, k, s, d, tuple(padding), tuple(extra), tuple(out))
 
 
-def _lowest(dtype):
+def lowest(dtype):
     if jnp.issubdtype(dtype, jnp.floating):
         return -jnp.inf
     return jnp.iinfo(dtype).min
 
 
-def _wide(x):
+def wide(x):
     """Half-precision floats accumulate in float32."""
     return x.astype(jnp.float32) if x.dtype in (jnp.float16, jnp.bfloat16) else x
 
@@ -148,7 +156,7 @@ def _max_with_indices(x, win: Window, storage_order: int):
     inside = [np.clip(t, 0, size - 1) for t, size in zip(taps, win.sizes)]
     source = np.ravel_multi_index(inside, win.sizes, order="F" if storage_order else "C")
     source = source.reshape(cells, -1)
-    xp = lax.pad(x, jnp.asarray(_lowest(x.dtype), x.dtype), [(a, b, 0) for a, b in win.padding()])
+    xp = lax.pad(x, jnp.asarray(lowest(x.dtype), x.dtype), [(a, b, 0) for a, b in win.padding()])
     vals = xp.reshape((*x.shape[:2], -1))[:, :, gather]
     best = jnp.argmax(vals, axis=-1)  # the first maximum in window order, as ONNX runtimes pick
     y = jnp.max(vals, axis=-1).reshape(x.shape[:2] + win.out)
@@ -188,13 +196,13 @@ def average_pool(cx, x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, 
                  kernel_shape=None, pads=None, strides=None):
     """Y = mean of each window, pads counted if count_include_pad (v1+; ceil_mode v10+)."""
     win = window(cx, x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
-    xs = _wide(x)
+    xs = wide(x)
     sums = win.reduce(xs, 0, lax.add)
     return (sums / jnp.asarray(_counts(win, count_include_pad), xs.dtype)).astype(x.dtype)
 
 
 def _lp(x, p, reduce):
-    xs = _wide(x)
+    xs = wide(x)
     if p == 1:
         return reduce(jnp.abs(xs)).astype(x.dtype)
     if p == 2:
@@ -221,7 +229,7 @@ def _spatial_axes(cx, x) -> tuple[int, ...]:
 @rule("GlobalAveragePool", since=1)
 def global_average_pool(cx, x):
     """Y = mean of X over every spatial axis, kept as size-1 axes (v1+)."""
-    return jnp.mean(_wide(x), axis=_spatial_axes(cx, x), keepdims=True).astype(x.dtype)
+    return jnp.mean(wide(x), axis=_spatial_axes(cx, x), keepdims=True).astype(x.dtype)
 
 
 @rule("GlobalMaxPool", since=1)

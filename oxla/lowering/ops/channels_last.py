@@ -1,0 +1,77 @@
+"""Channels-last twins of the layout-sensitive ops ChannelsLastPass moves (domain oxla.channels_last).
+
+Each takes X as (N, H, W, C) and returns Y channels last, with the attributes and the
+geometry of its ONNX op; W, scale, bias and statistics keep their ONNX shapes.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from oxla.lowering.common import accum_dtype, xp
+from oxla.lowering.ops import conv_forms
+from oxla.lowering.ops.conv import conv_window
+from oxla.lowering.ops.pool import lowest, wide, window
+from oxla.lowering.registry import rule
+from oxla.passes.channels_last import DOMAIN
+
+
+def _first(x):
+    """X's shape and dtype as channels first, for the shared geometry checks."""
+    if x.ndim < 3:
+        return x
+    return jax.ShapeDtypeStruct((x.shape[0], x.shape[-1], *x.shape[1:-1]), x.dtype)
+
+
+@rule("Conv", since=1, domain=DOMAIN)
+def conv(cx, x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+         pads=None, strides=None):
+    """Conv with X and Y channels last."""
+    s, padding, d = conv_window(cx, _first(x), w, auto_pad=auto_pad, dilations=dilations,
+                                group=group, kernel_shape=kernel_shape, pads=pads, strides=strides)
+    form = conv_forms.choose_last(x.shape[1:-1], w.shape, s, padding, d, group)
+    y = form(x, w, s, padding, d, group)
+    return y if b is None else y + b.astype(y.dtype)
+
+
+@rule("MaxPool", since=1, domain=DOMAIN)
+def max_pool(cx, x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None,
+             pads=None, storage_order=0, strides=None):
+    """MaxPool (Y only) with X and Y channels last."""
+    win = window(cx, _first(x), kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    return win.reduce(x, lowest(x.dtype), lax.max, last=True)
+
+
+@rule("GlobalAveragePool", since=1, domain=DOMAIN)
+def global_average_pool(cx, x):
+    """GlobalAveragePool with X and Y channels last: the mean over axes 1..n, kept."""
+    return jnp.mean(wide(x), axis=tuple(range(1, x.ndim - 1)), keepdims=True).astype(x.dtype)
+
+
+@rule("GlobalMaxPool", since=1, domain=DOMAIN)
+def global_max_pool(cx, x):
+    """GlobalMaxPool with X and Y channels last: the max over axes 1..n, kept."""
+    return jnp.max(x, axis=tuple(range(1, x.ndim - 1)), keepdims=True)
+
+
+@rule("BatchNormalization", since=1, domain=DOMAIN)
+def batch_normalization(cx, x, scale, b, input_mean, input_var, *, epsilon=1e-5, momentum=0.9,
+                        training_mode=0):
+    """Inference BatchNormalization with X and Y channels last (the pass moves no other)."""
+    del momentum, training_mode  # the pass moves inference nodes only
+    acc = accum_dtype(x.dtype)
+    a = scale.astype(acc) * lax.rsqrt(input_var.astype(acc) + jnp.asarray(epsilon, acc))
+    shift = b.astype(acc) - input_mean.astype(acc) * a
+    return (x.astype(acc) * a + shift).astype(x.dtype)
+
+
+@rule("ToLast", since=1, domain=DOMAIN)
+def to_last(cx, x):
+    """Y = X with leading 1s up to rank 4, then (N, C, H, W) -> (N, H, W, C): a broadcast operand
+    of a channels-last elementwise op."""
+    if x.ndim > 4:
+        raise cx.fail(f"input must have rank <= 4, got shape {tuple(x.shape)}")
+    full = x.reshape((1,) * (4 - x.ndim) + tuple(x.shape))
+    return xp(full).transpose(full, (0, 2, 3, 1))
