@@ -72,7 +72,8 @@ def prepare(model: ModelProto, options: Options) -> DispatchTable:
             dequantize_constants(model, options.memory_limit)
             conv_weights_to_hwio(model)
             gemm_weights_to_kn(model)
-            convs_to_channels_last(model)
+            if options.channels_last:
+                convs_to_channels_last(model)
     return table
 
 

@@ -25,6 +25,7 @@ class Options:
     training: bool = False           # Dropout and friends in training mode when asked by inputs
     layout_weights: bool = False     # store conv kernels as HWIO (renames those parameters)
     memory_limit: int | None = None  # bytes one value may take (None: the machine's memory)
+    channels_last: bool = True       # with layout_weights: 2-D conv nets run NHWC between convs
 
 
 class NeedStatic(Exception):
