@@ -70,7 +70,7 @@ def check_input_types(ref: NodeRef, inputs: Sequence[object]) -> None:
         if dtype is None:
             continue
         got = _type_string(np.dtype(dtype))
-        name, param, allowed, homogeneous = formal
+        name, param, allowed, _ = formal
         tensors = {t for t in allowed if t.startswith("tensor(")}
         if got is None or not tensors:
             continue
@@ -78,7 +78,7 @@ def check_input_types(ref: NodeRef, inputs: Sequence[object]) -> None:
             raise InvalidModelError(
                 f"{ref.describe()}: input {i} ('{name}') is {got}, which this op does not take; "
                 f"it takes {_listing(tensors)}. Cast the input or fix the model's types.")
-        if param is None or (i >= len(formals) - 1 and variadic and not homogeneous):
+        if param is None or (variadic and i >= len(formals) - 1):  # variadic: checked per input only
             continue
         first = bound.setdefault(param, (got, name))
         if first[0] != got:
