@@ -20,7 +20,6 @@ Every side uses its default threads.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -28,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +35,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from benchmarks.finetune_common import LR, MOMENTUM, REPO, WARMUP, WIDTHS, digits, images, order
+from benchmarks.side import LineWorker
 
 TORCH_SIDE = Path(__file__).with_name("finetune_torch.py")
 TORCH_PYTHONS = (REPO / ".venv-export" / "bin" / "python", Path("/tmp/venv-torch/bin/python"))
@@ -81,34 +80,17 @@ def oxla_curve(path: Path, steps: int, batch: int, dtype: str = "float32") -> np
                      for idx in order(len(x), steps, batch)])
 
 
-class TorchWorker:
+class TorchWorker(LineWorker):
     """finetune_torch.py serve, driven line by line."""
 
     def __init__(self, python: Path, init: Path, threads: int | None = None) -> None:
         extra = [str(threads)] if threads else []
-        self.proc = subprocess.Popen([str(python), str(TORCH_SIDE), "serve", str(init), *extra],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.info = json.loads(self._read())
-
-    def _read(self) -> str:
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        if not line:
-            raise RuntimeError("the torch worker exited")
-        return line
+        super().__init__([str(python), str(TORCH_SIDE), "serve", str(init), *extra])
 
     def steps(self, mode: str, batch: int, steps: int) -> list[float]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"mode": mode, "batch": batch, "steps": steps}) + "\n")
-        self.proc.stdin.flush()
-        return list(json.loads(self._read())["ms"])
-
-    def close(self) -> None:
-        if self.proc.stdin:
-            self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+        return list(self.ask({"mode": mode, "batch": batch, "steps": steps})["ms"])
 
 
-@dataclass
 class Timing:
     batch: int
     oxla_ms: float

@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from benchmarks import models
+from benchmarks.side import LineWorker
 
 REPO = Path(__file__).resolve().parent.parent
 TORCH_PYTHON = REPO / ".venv-export" / "bin" / "python"
@@ -71,30 +71,14 @@ def feeds(key: str, batch: int) -> dict[str, np.ndarray]:
             "labels": rng.integers(0, 10, batch).astype(np.int64)}
 
 
-class TorchWorker:
+class TorchWorker(LineWorker):
     """The torch side in its own interpreter, driven line by line (see torch_training.py)."""
 
     def __init__(self, python: Path) -> None:
-        self.proc = subprocess.Popen([str(python), str(Path(__file__).with_name("torch_training.py"))],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.info = json.loads(self._read())
-
-    def _read(self) -> str:
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        if not line:
-            raise RuntimeError("the torch worker exited")
-        return line
+        super().__init__([str(python), str(Path(__file__).with_name("torch_training.py"))])
 
     def steps(self, model: str, batch: int, steps: int) -> list[float]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"model": model, "batch": batch, "steps": steps}) + "\n")
-        self.proc.stdin.flush()
-        return list(json.loads(self._read())["ms"])
-
-    def close(self) -> None:
-        if self.proc.stdin:
-            self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+        return list(self.ask({"model": model, "batch": batch, "steps": steps})["ms"])
 
 
 def start_torch(python: Path) -> tuple[TorchWorker | None, str]:

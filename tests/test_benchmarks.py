@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from benchmarks import profile, suite
+from benchmarks import suite, xla_profile
 
 
 def _row(model: str, threads: int, oxla_ms: float, ort_ms: float) -> suite.Row:
@@ -47,7 +47,7 @@ def _conv_relu_sum(x: jax.Array, w: jax.Array) -> jax.Array:
 
 def test_parse_hlo_names_each_instruction_and_the_line_that_emitted_it() -> None:
     text = jax.jit(_conv_relu_sum).lower(jnp.ones((1, 8, 8, 16)), jnp.ones((3, 3, 16, 32))).compile().as_text()
-    instrs = profile.parse_hlo(text)
+    instrs = xla_profile.parse_hlo(text)
     kinds = {i.opcode for i in instrs.values()}
     assert any("convolution" in k for k in kinds), kinds
     conv = next(i for i in instrs.values() if "convolution" in i.opcode)
@@ -58,9 +58,9 @@ def test_fusion_kind_names_shifted_multiply_adds_and_transposes() -> None:
     from collections import Counter
 
     taps = Counter({"slice": 9, "pad": 9, "multiply": 9, "add": 8, "transpose": 1})
-    assert profile._fusion_kind(taps) == "fusion(taps (shifted multiply-adds) + transpose)"
-    assert profile._fusion_kind(Counter({"dot": 1, "add": 1})) == "fusion(dot)"
-    assert profile._fusion_kind(Counter({"add": 2})) == "fusion(elementwise)"
+    assert xla_profile._fusion_kind(taps) == "fusion(taps (shifted multiply-adds) + transpose)"
+    assert xla_profile._fusion_kind(Counter({"dot": 1, "add": 1})) == "fusion(dot)"
+    assert xla_profile._fusion_kind(Counter({"add": 2})) == "fusion(elementwise)"
 
 
 def test_suite_runs_the_shipped_model_end_to_end(tmp_path: Path) -> None:

@@ -7,8 +7,8 @@ as a reader would paste it; files the blocks write there are removed afterwards.
 
 from __future__ import annotations
 
+import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -45,13 +45,17 @@ def test_fences_are_known() -> None:
 
 @pytest.mark.parametrize("path", [p for p in DOCS if runnable(p)], ids=lambda p: p.name)
 def test_doc_blocks_run(path: Path, tmp_path: Path) -> None:
+    # The blocks run in a folder of their own that links to the repo's entries (models/, data/,
+    # ...): what they write (mlp.trained.onnx, zoo/...) lands there, so two docs running at once
+    # (pytest -n 2) cannot delete each other's files.
+    work = tmp_path / "repo"
+    work.mkdir()
+    for entry in ROOT.iterdir():
+        if not entry.name.startswith("."):
+            (work / entry.name).symlink_to(entry)
     script = tmp_path / f"{path.stem}_blocks.py"
     script.write_text(runnable(path))
-    before = set(ROOT.iterdir())
-    try:
-        proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True,
-                              text=True, timeout=600)
-    finally:
-        for new in set(ROOT.iterdir()) - before:  # what the blocks wrote (mlp.trained.onnx, zoo/...)
-            shutil.rmtree(new) if new.is_dir() else new.unlink()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(script)], cwd=work, capture_output=True, text=True,
+                          timeout=600, env=env)
     assert proc.returncode == 0, f"{path.name} blocks failed:\n{proc.stderr[-3000:]}"

@@ -1,6 +1,6 @@
 """Where one model's time goes in oxla: XLA's own per-kernel times, traced to the rule that emitted them.
 
-    python -m benchmarks.profile MODEL [--threads default|1] [--calls 20] [--top 15]
+    python -m benchmarks.xla_profile MODEL [--threads default|1] [--calls 20] [--top 15]
 
 MODEL is a suite name (exported or shipped, with its `.npz` feeds) or a path to
 an .onnx file (feeds then random, from the declared input types). The model runs through
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=15)
     args = parser.parse_args(argv)
     if "jax" in sys.modules:
-        raise SystemExit("benchmarks.profile must set XLA_FLAGS before JAX is imported")
+        raise SystemExit("benchmarks.xla_profile must set XLA_FLAGS before JAX is imported")
     dump = tempfile.mkdtemp(prefix="oxla-hlo-")
     flags = [os.environ.get("XLA_FLAGS", ""), f"--xla_dump_to={dump}", "--xla_dump_hlo_as_text"]
     if args.threads == "1":
