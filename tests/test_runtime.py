@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -243,3 +246,21 @@ def test_training_step_and_run_from_two_threads() -> None:
     for th in threads:
         th.join()
     assert not errors, errors
+
+
+def test_softmax_reads_its_input_once() -> None:
+    """Light squeezenet's logits are ~1e10; with XLA:CPU's YNNPACK fusions off, XLA computed the
+    Softmax input twice in different orders (for the max, and inside exp(X - max)), exp overflowed
+    and every output was NaN in every compile (with them on: in 1-15% of compiles). Softmax now
+    reads X through an optimization barrier. In a child process: the flag is read at JAX start."""
+    code = ("import numpy as np; from oxla import backend; from tests.conformance.cases import all_cases\n"
+            "case = next(c for c in all_cases() if c.name == 'test_squeezenet')\n"
+            "model, data, *_ = case.load(); ins, outs = data[0]\n"
+            "got = backend.prepare(model, 'CPU').run(ins)[0]\n"
+            "print('NAN' if np.isnan(got).any() else f'ok {float(np.abs(got - outs[0]).max()):.3g}')\n")
+    env = {**os.environ, "XLA_FLAGS": "--xla_cpu_experimental_ynn_fusion_type="}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
+                          capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("ok") and float(last.split()[1]) < 1e-3, proc.stdout[-2000:]

@@ -24,12 +24,18 @@ def _coerced_2d(x, axis: int, f):
 
 
 # Computed in X's type, as the schema's function body (Exp, ReduceSum, Div in T) is.
+#
+# X passes an optimization barrier first: softmax reads X twice (for the max, and in exp(X - max)),
+# and XLA:CPU may fuse X's producer into both readers and compute it twice in different orders.
+# Light squeezenet's logits are ~1e10 (float32 ulp 1024): the two copies differed by a few ulps,
+# exp(X - max) overflowed to inf and every output was NaN, in some compiles only (the choice of
+# fusions varied) and in all of them with YNNPACK fusions off. Computing X once costs one buffer.
 def _softmax(x, axis):
-    return jax.nn.softmax(x, axis=axis)
+    return jax.nn.softmax(lax.optimization_barrier(x), axis=axis)
 
 
 def _log_softmax(x, axis):
-    return jax.nn.log_softmax(x, axis=axis)
+    return jax.nn.log_softmax(lax.optimization_barrier(x), axis=axis)
 
 
 def _hardmax(x, axis):
