@@ -57,8 +57,9 @@ REDUCE = frozenset({"ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum"})
 # the opset from which each reduce takes axes as an input instead of an attribute
 REDUCE_AXES_INPUT = {"ReduceMean": 18, "ReduceMax": 18, "ReduceMin": 18, "ReduceSum": 13}
 # AveragePool is not moved: channels last, light densenet121's transition pools (2x2, stride 2)
-# came out wrong inside the model (NaN or off by 0.44 at the output) although the same
-# reduce_window alone is exact; an open defect, see the branch notes
+# come out wrong inside the model (0.441 off at the output, every compile) although the same
+# reduce_window alone is exact; exact with XLA:CPU's YNNPACK fusions off
+# (XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=), so a YNNPACK fusion is suspect (FACTS.md)
 POOLS = frozenset({"MaxPool", "GlobalAveragePool", "GlobalMaxPool"})
 
 
