@@ -67,7 +67,8 @@ MODELS: dict[str, tuple[Callable[[], onnx.ModelProto], dict[str, np.ndarray]]] =
 }
 
 
-def _time_block(fn: Callable[[], Any], n: int) -> list[float]:
+def time_block(fn: Callable[[], Any], n: int) -> list[float]:
+    """Seconds of each of `n` calls of `fn`."""
     out = []
     for _ in range(n):
         start = time.perf_counter()
@@ -102,8 +103,8 @@ def measure(name: str, seconds: float, threads: int) -> dict[str, Any]:
         except oxla.NotStaticError:
             pass
     for fn in calls.values():  # warm-up, and a first estimate of the per-call time
-        _time_block(fn, 20)
-    per_call = max(statistics.median(_time_block(fn, 50)) for fn in calls.values())
+        time_block(fn, 20)
+    per_call = max(statistics.median(time_block(fn, 50)) for fn in calls.values())
     block = max(10, int(0.05 / per_call))
     times: dict[str, list[float]] = {k: [] for k in calls}
     deadline = time.perf_counter() + seconds * len(calls)
@@ -111,9 +112,9 @@ def measure(name: str, seconds: float, threads: int) -> dict[str, Any]:
         for key, fn in calls.items():
             if key == "jit(fn)":
                 with oxla.x64():
-                    times[key] += _time_block(fn, block)
+                    times[key] += time_block(fn, block)
             else:
-                times[key] += _time_block(fn, block)
+                times[key] += time_block(fn, block)
     medians = {k: statistics.median(v) for k, v in times.items()}
     return {"model": name, "threads": threads, **medians}
 

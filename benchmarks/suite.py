@@ -24,12 +24,13 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from benchmarks.overhead import time_block
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE_DIR = ROOT / "benchmarks" / ".cache" / "suite"
@@ -91,15 +92,6 @@ def _compare(got: list[Any], want: list[Any]) -> tuple[float, float]:
     return diff, rel
 
 
-def _block(fn: Callable[[], Any], n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        start = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - start)
-    return out
-
-
 def measure(name: str, threads: int, seconds: float) -> Row:
     """One model in this process: load, first call, agreement, then interleaved timing."""
     import onnxruntime as ort
@@ -127,13 +119,13 @@ def measure(name: str, threads: int, seconds: float) -> Row:
     ort_first = time.perf_counter() - start
     diff, rel = _compare(got, want)
     calls = {"oxla": lambda: sess.run(None, feeds), "ort": lambda: ref.run(None, feeds)}
-    per_call = max(statistics.median(_block(fn, 3)) for fn in calls.values())  # also a warm-up
+    per_call = max(statistics.median(time_block(fn, 3)) for fn in calls.values())  # also a warm-up
     block = max(1, int(0.2 / per_call))
     times: dict[str, list[float]] = {k: [] for k in calls}
     rounds = 0
     while rounds < 5 or min(sum(t) for t in times.values()) < seconds:
         for key, fn in calls.items():
-            times[key] += _block(fn, block)
+            times[key] += time_block(fn, block)
         rounds += 1
     return Row(name, threads, statistics.median(times["oxla"]) * 1e3, statistics.median(times["ort"]) * 1e3,
                oxla_load, oxla_first, ort_first, diff, rel, len(times["oxla"]))

@@ -79,6 +79,8 @@ def check_eager(cx: Any, fn: Callable[..., Any], *values: Any, bounded: bool = T
     the shapes are evaluated abstractly every time.
     """
     arrays = [v for v in values if v is not None]
+    if not all(hasattr(v, "dtype") for v in arrays):  # sequences and maps: no one output shape
+        return
     if not all(is_static(v) for v in arrays) or any(np.dtype(v.dtype) == object for v in arrays):
         return
     if bounded:

@@ -160,8 +160,7 @@ class Interpreter:
         cx = Context(node, ref, inputs, opsets, self, scope, graph)
         try:
             if found.fold and all(is_static(v) for v in inputs):
-                if all(v is None or hasattr(v, 'dtype') for v in inputs):  # not sequences, maps
-                    self._check_fold(cx, found, attrs, inputs)
+                self._check_fold(cx, found, attrs, inputs)
                 with jax.ensure_compile_time_eval():
                     out = to_static(found.fn(cx, *inputs, **attrs))
             else:

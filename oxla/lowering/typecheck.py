@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 import onnx.defs
 
-from oxla.dtypes import _NUMPY_TO_ONNX
+from oxla.dtypes import to_onnx_type
 from oxla.errors import InvalidModelError, NodeRef
 
 # (formal input name, type parameter or None, allowed tensor types, homogeneous across inputs)
@@ -43,8 +43,9 @@ def _formals(domain: str, op: str, opset: int) -> tuple[tuple[_Formal, ...], boo
 
 @functools.lru_cache(maxsize=64)
 def _type_string(dtype: np.dtype) -> str | None:
-    elem = _NUMPY_TO_ONNX.get(dtype)
-    if elem is None:
+    try:
+        elem = to_onnx_type(dtype)
+    except InvalidModelError:  # no ONNX type (a rule's internal value): nothing to check
         return None
     return f"tensor({onnx.TensorProto.DataType.Name(elem).lower()})"
 
