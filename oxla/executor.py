@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from oxla.cpu_client import inline_device
 from oxla.errors import InputError, LoweringError, OxlaError, ResourceError, ShapeError
 from oxla.lowering.context import NeedStatic, Scope
 from oxla.lowering.interpreter import Interpreter
@@ -102,13 +103,15 @@ class Executor:
     """Runs one plan: `run(feeds)`; `run_fast(values)` for plain array feeds in input order."""
 
     def __init__(self, plan: Plan, interpreter: Interpreter, params: Mapping[str, Any],
-                 cache_size: int = DEFAULT_CACHE_SIZE) -> None:
+                 cache_size: int = DEFAULT_CACHE_SIZE, device: Any = None) -> None:
         self.plan = plan
         self.interpreter = interpreter
         self.params = dict(params)
         self.layout = ParamLayout(plan.parameters)
+        self.device = device if device is not None else _runtime_device()
+        self._sharding = jax.sharding.SingleDeviceSharding(self.device)
         with x64():
-            self._leaves = self.layout.leaves(self.params)
+            self._leaves = self.layout.leaves(self.params, self.device)
         self._cache: LRU[_Slot] = LRU(cache_size)
         self._live_in: dict[int, tuple[str, ...]] = {}
         self._stats_lock = threading.Lock()
@@ -131,7 +134,7 @@ class Executor:
         """Replace parameter values (same shapes and dtypes): no recompilation."""
         params = {**self.params, **{n: v for n, v in values.items() if n in self.params}}
         with x64():
-            leaves = self.layout.leaves(params)
+            leaves = self.layout.leaves(params, self.device)
         self.params, self._leaves = params, leaves
 
     # --- the fast path ------------------------------------------------------------------------
@@ -284,7 +287,7 @@ class Executor:
             outs = tuple(made[n] for n in record["outputs"])
             return (*outs, _check_code(checks)) if checks else outs
 
-        specs = [_spec(v) for v in (*self._leaves, *leaves)]
+        specs = [_spec(v, self._sharding) for v in (*self._leaves, *leaves)]
         lowered = jax.jit(segment).lower(*specs)
         call = None
         if record["outputs"] or record["checks"]:  # no traced outputs, no checks: no XLA
@@ -410,8 +413,19 @@ def _signature(value: Value) -> Any:
     return (tuple(value.shape), np.dtype(value.dtype), bool(getattr(value, "weak_type", False)))
 
 
-def _spec(value: Any) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(value.shape, value.dtype, weak_type=bool(getattr(value, "weak_type", False)))
+def _spec(value: Any, sharding: Any) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding,
+                                weak_type=bool(getattr(value, "weak_type", False)))
+
+
+def _runtime_device() -> Any:
+    """Where segments compile and run: the device JAX would use here (a session's provider sets
+    it with jax.default_device); for a CPU, oxla's own synchronous client's (oxla.cpu_client)."""
+    chosen = jax.config.jax_default_device
+    if isinstance(chosen, str):
+        chosen = jax.devices(chosen)[0]
+    device = chosen if chosen is not None else jax.devices()[0]
+    return inline_device() if device.platform == "cpu" else device
 
 
 def _value_key(value: Any) -> Any:

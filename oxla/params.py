@@ -60,13 +60,14 @@ class ParamLayout:
     def __len__(self) -> int:
         return len(self.alone) + len(self.packs)
 
-    def leaves(self, values: Mapping[str, Any]) -> tuple[jax.Array, ...]:
-        """Device arrays in argument order (call inside oxla's x64 scope)."""
-        out = [jax.device_put(values[n]) for n in self.alone]
+    def leaves(self, values: Mapping[str, Any], device: Any = None) -> tuple[jax.Array, ...]:
+        """Arrays on `device` (None: JAX's default) in argument order (call inside oxla's x64
+        scope)."""
+        out = [jax.device_put(values[n], device) for n in self.alone]
         for pack in self.packs:
             flat = np.concatenate([np.asarray(values[n], pack.dtype).reshape(-1)
                                    for n, _, _, _ in pack.entries])
-            out.append(jax.device_put(flat))
+            out.append(jax.device_put(flat, device))
         return tuple(out)
 
     def unpack(self, leaves: Sequence[Any]) -> dict[str, Any]:
