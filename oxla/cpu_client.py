@@ -41,7 +41,7 @@ def _make() -> Any:
     try:
         from jax._src.lib import xla_client
 
-        client = xla_client.make_cpu_client(asynchronous=False)
+        client: Any = xla_client.make_cpu_client(asynchronous=False)
         return client.local_devices()[0]
     except Exception:  # a jaxlib without the private constructor: JAX's device still works
         return jax.devices("cpu")[0]
