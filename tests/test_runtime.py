@@ -77,6 +77,23 @@ def test_import_and_run_leave_the_users_jax_alone() -> None:
     assert before == (False, jnp.float32, jnp.int32)
 
 
+def test_segments_run_on_oxlas_own_synchronous_client() -> None:
+    """Small computations run in the calling thread (oxla.cpu_client), not on JAX's client,
+    whose async-dispatch setting stays as the user has it; arrays cross between the two."""
+    before = jax.config.values["jax_cpu_enable_async_dispatch"]
+    model = oxla.compile(WIDE)
+    executor = model._executor
+    assert executor.device.client is not jax.devices("cpu")[0].client
+    assert all(leaf.devices() == {executor.device} for leaf in executor._leaves)
+    x = np.array([1, 2, 3], np.int64)
+    with oxla.x64():
+        users = jax.device_put(x)  # an array on the user's device, as a feed
+        outs = model({"x": users})
+        assert next(iter(outs["big"].devices())) == executor.device
+        assert (np.asarray(outs["big"] + users) == x * 2**40 + x).all()
+    assert jax.config.values["jax_cpu_enable_async_dispatch"] == before
+
+
 def test_64_bit_models_are_exact() -> None:
     x = np.array([3, -7, 2**31 - 1, 2**40], np.int64)
     big, tenth = oxla.InferenceSession(WIDE.SerializeToString()).run(None, {"x": x})
