@@ -218,7 +218,9 @@ class InferenceSession:
                 if not output_names:
                     return [np.asarray(v) if isinstance(v, jax.Array) else to_host(v) for v in outs]
                 return [to_host(outs[self._index(n)]) for n in output_names]
-        feeds = self._check_feeds(input_feed)
+        # plain feeds that matched their declarations exactly need no second check
+        feeds = self._check_feeds(input_feed) if values is None else \
+            dict(zip(self._compiled.input_names, values))
         wanted = list(output_names) if output_names else self._compiled.output_names
         for name in wanted:
             self._index(name)

@@ -22,7 +22,7 @@ def zip_map(cx, x, *, classlabels_int64s=None, classlabels_strings=None):
     rows = rows.reshape(1, -1) if rows.ndim == 1 else rows
     if rows.ndim != 2 or rows.shape[1] != len(labels):
         raise cx.shape_error(f"X must be [N, {len(labels)}] (one column per label), got shape {rows.shape}")
-    return [dict(zip(labels, (float(v) for v in row))) for row in rows]
+    return [dict(zip(labels, row)) for row in rows.tolist()]  # Python floats, as float(v) gives
 
 
 def _value_dtype(values: list[object]) -> np.dtype:
