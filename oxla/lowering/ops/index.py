@@ -23,6 +23,8 @@ def _wrap(cx, indices, size: int | np.ndarray, what: str = "indices"):
         witness = indices.reshape(-1)[jnp.argmin(ok)]
         cx.check(ok, f"{what} out of range for size {size} (valid: {-int(n)}..{int(n) - 1}), "
                      "got {witness}", witness)
+    if isinstance(indices, np.ndarray):  # static (a host step, a constant): no JAX dispatch
+        return np.where(indices < 0, indices + np.asarray(size, np.int64), indices)
     return jnp.where(indices < 0, indices + jnp.asarray(size, jnp.int64), indices)
 
 

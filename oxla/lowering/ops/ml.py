@@ -313,6 +313,8 @@ def one_hot_encoder(cx, x, *, cats_int64s=None, cats_strings=None, zeros=1):
         unknown = host_value(cx, codes, "the input (zeros=0 checks every value)") < 0
         if unknown.any():
             raise cx.fail(f"zeros=0 and {int(unknown.sum())} input value(s) are in no category")
+    if isinstance(codes, np.ndarray):  # looked up on the host: stay there
+        return (codes[..., None] == np.arange(len(cats))).astype(np.float32)
     return jax.nn.one_hot(codes, len(cats), dtype=jnp.float32)
 
 
