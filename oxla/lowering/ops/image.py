@@ -149,7 +149,7 @@ def _box_edges(boxes: np.ndarray, center_point_box: int) -> tuple[np.ndarray, ..
 
 
 def _overlaps(edges: tuple[np.ndarray, ...], area: np.ndarray, a: np.ndarray, b: np.ndarray,
-              threshold: float) -> np.ndarray:
+              threshold: float | np.floating) -> np.ndarray:
     """(len(a), len(b)): IoU of box a[i] and box b[j] > threshold (degenerate boxes never are)."""
     x0, x1, y0, y1 = (e[:, None] for e in edges)
     ix0, ix1 = np.maximum(x0[a], x0[b].T), np.minimum(x1[a], x1[b].T)
@@ -167,10 +167,12 @@ def _by_score(scores: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     return boxes[np.argsort(-scores[boxes], kind="stable")]
 
 
-def _select(edges, area, scores: np.ndarray, limit: int, iou: float, min_score: float | None) -> list[int]:
-    """Greedy NMS of one (batch, class): highest score first (ties to the lower box index); a box
-    is kept unless it overlaps a kept one. Only the best-scored prefix is sorted until more is
-    needed, and candidates go in chunks so work stops at the limit."""
+def _select(edges, area, scores: np.ndarray, limit: int, iou: float | np.floating,
+            min_score: float | np.floating | None) -> list[int]:
+    """Greedy NMS of one (batch, class) over all its boxes, for long candidate lists: highest
+    score first (ties to the lower box index); a box is kept unless it overlaps a kept one. Only
+    the best-scored prefix is sorted until more is needed, and candidates go in chunks so work
+    stops at the limit."""
     candidates = np.arange(len(scores)) if min_score is None else np.flatnonzero(scores > min_score)
     rest = None
     if 0 < 4 * limit < len(candidates):  # every score tied with the cut stays in the prefix
@@ -206,6 +208,99 @@ def _first(value, default):
     return default if v is None or v.size == 0 else v[0]
 
 
+_MATRIX_BOXES = 1024        # a longer prefix goes to the chunked loop (its matrix would be large)
+_MATRIX_ELEMENTS = 1 << 20  # (rows, k, k) overlap matrices are built in groups this large
+
+
+def _ranked(scores: np.ndarray, k: int) -> np.ndarray:
+    """(rows, k): each row's k best box indices by descending score, ties to the lower index."""
+    if k >= scores.shape[1]:
+        return np.argsort(-scores, axis=1, kind="stable")
+    top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    top.sort(axis=1)  # index order, so the stable sort below sends ties to the lower index
+    picked = np.take_along_axis(scores, top, 1)
+    order = np.take_along_axis(top, np.argsort(-picked, axis=1, kind="stable"), 1)
+    # a score tied with the cut can have left a lower-indexed twin out: rank those rows fully
+    tied = np.flatnonzero((scores >= picked.min(axis=1, keepdims=True)).sum(axis=1) > k)
+    if tied.size:
+        order[tied] = np.argsort(-scores[tied], axis=1, kind="stable")[:, :k]
+    return order
+
+
+def _overlap_matrix(edges: tuple[np.ndarray, ...], area: np.ndarray, threshold: np.floating) -> np.ndarray:
+    """(rows, k, k) from (rows, k) edges: IoU > threshold, computed as onnxruntime does (the
+    intersection's width times its height over the union; degenerate boxes never overlap)."""
+    x0, x1, y0, y1 = edges
+    inter = np.minimum(x1[:, :, None], x1[:, None, :]) - np.maximum(x0[:, :, None], x0[:, None, :])
+    high = np.minimum(y1[:, :, None], y1[:, None, :]) - np.maximum(y0[:, :, None], y0[:, None, :])
+    # an empty width gives 0 (or -0, NaN) and an empty height a value <= 0, never above a
+    # threshold >= 0; without the clamp two empty sides would multiply to a positive area
+    np.maximum(inter, 0, out=inter)
+    inter *= high
+    # a box without positive area overlaps nothing: a NaN area makes every IoU with it NaN
+    area = np.where(area > 0, area, np.nan).astype(area.dtype)
+    union = area[:, :, None] + area[:, None, :]
+    union -= inter  # > 0 or NaN: inter <= either area, also in floating point
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ok = np.divide(inter, union, out=union) > threshold
+    if threshold < 0:  # only a negative threshold (outside the spec's range) lets IoU 0 pass
+        ok &= inter > 0
+    return ok
+
+
+def _greedy(overlap: np.ndarray, valid: np.ndarray, limit: int) -> tuple[list[int], bool]:
+    """Greedy NMS over one ranked prefix as bit sets: (kept positions, whether it ran out of
+    candidates before the limit). Row i of `overlap` (packed, little-endian bits) holds the
+    candidates box i suppresses; the lowest alive bit is always the best remaining box."""
+    width = overlap.shape[-1]
+    rows = overlap.tobytes()
+    alive = int.from_bytes(valid.tobytes(), "little")
+    keep: list[int] = []
+    while alive and len(keep) < limit:
+        low = alive & -alive
+        i = low.bit_length() - 1
+        keep.append(i)
+        alive &= ~(int.from_bytes(rows[i * width:(i + 1) * width], "little") | low)
+    return keep, len(keep) < limit
+
+
+def _nms_rows(boxes: np.ndarray, scores: np.ndarray, limit: int, iou: np.floating,
+              min_score: np.floating | None, center_point_box: int) -> list[np.ndarray]:
+    """Kept box indices of each (batch, class), in selection order. All of them at once: rank
+    each one's best 2 * limit candidates, one overlap matrix per group, then the greedy pass."""
+    batches, classes, n = scores.shape
+    flat = scores.reshape(batches * classes, n)
+    valid = np.ones(flat.shape, bool) if min_score is None else flat > min_score
+    counts = valid.sum(axis=1)
+    k = int(min(counts.max(initial=0), max(2 * limit, 64)))
+    edges = _box_edges(boxes, center_point_box)  # each (batches, n)
+    area = (edges[1] - edges[0]) * (edges[3] - edges[2])
+
+    def every_box(r: int) -> np.ndarray:  # the chunked loop over all of row r's candidates
+        b = r // classes
+        return np.asarray(_select(tuple(e[b] for e in edges), area[b], flat[r], limit, iou, min_score),
+                          np.int64)
+
+    if k == 0 or limit == 0:
+        return [np.zeros(0, np.int64)] * len(flat)
+    if k > _MATRIX_BOXES:
+        return [every_box(r) for r in range(len(flat))]
+    order = _ranked(flat, k)
+    ranked_valid = np.packbits(np.take_along_axis(valid, order, 1), axis=1, bitorder="little")
+    batch = (np.arange(len(flat)) // classes)[:, None]
+    group = max(1, _MATRIX_ELEMENTS // (k * k))
+    out: list[np.ndarray] = []
+    for start in range(0, len(flat), group):
+        idx, b = order[start:start + group], batch[start:start + group]
+        matrix = _overlap_matrix(tuple(e[b, idx] for e in edges), area[b, idx], iou)
+        packed = np.packbits(matrix, axis=2, bitorder="little")
+        for r in range(start, start + len(idx)):
+            keep, short = _greedy(packed[r - start], ranked_valid[r], limit)
+            # the prefix ran out before the limit while candidates remain: take them all
+            out.append(every_box(r) if short and counts[r] > k else order[r, keep])
+    return out
+
+
 @rule("NonMaxSuppression", since=10, static=("*",))
 def non_max_suppression(cx, boxes, scores, max_output_boxes_per_class=None, iou_threshold=None,
                         score_threshold=None, *, center_point_box=0):
@@ -213,20 +308,19 @@ def non_max_suppression(cx, boxes, scores, max_output_boxes_per_class=None, iou_
     higher-scoring box suppresses; scores must exceed score_threshold when given (v10+)."""
     if center_point_box not in (0, 1):
         raise cx.fail(f"center_point_box must be 0 or 1, got {center_point_box}")
+    boxes, scores = np.asarray(boxes), np.asarray(scores)
     if boxes.ndim != 3 or boxes.shape[2] != 4 or scores.ndim != 3 or scores.shape[::2] != boxes.shape[:2]:
         raise cx.fail(f"boxes must be (batches, boxes, 4) and scores (batches, classes, boxes); "
                       f"got {boxes.shape} and {scores.shape}")
-    limit = max(int(_first(max_output_boxes_per_class, 0)), 0)
-    iou = float(_first(iou_threshold, 0.0))
+    limit = int(min(max(int(_first(max_output_boxes_per_class, 0)), 0), boxes.shape[1]))
+    # thresholds compare in the boxes' and scores' own type, as onnxruntime's float does
+    iou = boxes.dtype.type(_first(iou_threshold, 0.0))
     min_score = _first(score_threshold, None)
-    min_score = None if min_score is None else float(min_score)
-    rows = []
-    for b in range(boxes.shape[0]):
-        edges = _box_edges(np.asarray(boxes[b]), center_point_box)
-        area = (edges[1] - edges[0]) * (edges[3] - edges[2])
-        for c in range(scores.shape[1]):
-            rows += [(b, c, k) for k in _select(edges, area, np.asarray(scores[b, c]), limit, iou, min_score)]
-    return np.asarray(rows, np.int64).reshape(-1, 3)
+    min_score = None if min_score is None else scores.dtype.type(min_score)
+    kept = _nms_rows(boxes, scores, limit, iou, min_score, center_point_box)
+    row = np.repeat(np.arange(len(kept)), [len(k) for k in kept])
+    classes = scores.shape[1]
+    return np.stack([row // classes, row % classes, np.concatenate([row[:0], *kept])], axis=1).astype(np.int64)
 
 
 # --- ImageDecoder: Pillow decodes (the optional `oxla[image]` extra) ---------------------------
