@@ -267,6 +267,16 @@ def test_nms_heavy_suppression_past_the_ranked_prefix() -> None:
     assert 0 < len(got) < 80
 
 
+def test_nms_long_suppression_chain_still_exact() -> None:
+    # each box overlaps only its neighbours (IoU 1/3): the fixed-point rounds settle one box at a
+    # time, so the rows finish in the sequential pass
+    x = np.arange(200, dtype=np.float32) * 0.5
+    boxes = np.stack([np.zeros(200), x, np.ones(200), x + 1], 1).astype(np.float32)[None]
+    scores = np.stack([np.linspace(1, 0, 200), np.linspace(0, 1, 200)]).astype(np.float32)[None]
+    got = nms_exact(boxes, scores, 100, 0.3, None)
+    assert len(got) == 200
+
+
 def test_nms_long_candidate_list_uses_the_chunked_loop() -> None:
     rng = np.random.default_rng(4)
     boxes = _random_boxes(rng, "boxes", (1, 1500), 0)

@@ -210,6 +210,8 @@ def _first(value, default):
 
 _MATRIX_BOXES = 1024        # a longer prefix goes to the chunked loop (its matrix would be large)
 _MATRIX_ELEMENTS = 1 << 20  # (rows, k, k) overlap matrices are built in groups this large
+_ROUNDS = 8                 # fixed-point rounds before a row takes the sequential greedy pass
+_FEW_KEPT = 64              # at most this many boxes kept in all: the sequential pass right away
 
 
 def _ranked(scores: np.ndarray, k: int) -> np.ndarray:
@@ -248,10 +250,9 @@ def _overlap_matrix(edges: tuple[np.ndarray, ...], area: np.ndarray, threshold: 
     return ok
 
 
-def _greedy(overlap: np.ndarray, valid: np.ndarray, limit: int) -> tuple[list[int], bool]:
-    """Greedy NMS over one ranked prefix as bit sets: (kept positions, whether it ran out of
-    candidates before the limit). Row i of `overlap` (packed, little-endian bits) holds the
-    candidates box i suppresses; the lowest alive bit is always the best remaining box."""
+def _greedy_bits(overlap: np.ndarray, valid: np.ndarray, limit: int) -> list[int]:
+    """Greedy NMS over one ranked prefix as bit sets: the kept positions. Bit j of row i of the
+    packed `overlap` says box i suppresses box j; the lowest alive bit is the best box left."""
     width = overlap.shape[-1]
     rows = overlap.tobytes()
     alive = int.from_bytes(valid.tobytes(), "little")
@@ -261,7 +262,32 @@ def _greedy(overlap: np.ndarray, valid: np.ndarray, limit: int) -> tuple[list[in
         i = low.bit_length() - 1
         keep.append(i)
         alive &= ~(int.from_bytes(rows[i * width:(i + 1) * width], "little") | low)
-    return keep, len(keep) < limit
+    return keep
+
+
+def _greedy(overlap: np.ndarray, valid: np.ndarray, limit: int) -> list[np.ndarray]:
+    """Kept positions of each ranked prefix (rows, k): the greedy pass's result is the one fixed
+    point of keep[j] = valid[j] and no kept i < j overlaps j. Iterating it from `valid` fixes at
+    least one more position per round and stops at that fixed point; detection outputs settle
+    in a few rounds (Cluster-NMS), each one batched matrix product. Rows still moving after
+    _ROUNDS go through the sequential pass, so the result is exact either way. So do all rows
+    when they can keep few boxes: then the sequential pass costs less than one round."""
+    k = overlap.shape[-1]
+    keep, moving = valid, np.ones(len(valid), bool)
+    rounds = 0 if len(valid) * min(limit, k) <= _FEW_KEPT else _ROUNDS
+    if rounds:
+        upper = (overlap & ~np.tri(k, k, 0, bool)).astype(np.float32)  # only better boxes suppress
+    for _ in range(rounds):
+        new = valid & ~(np.matmul(keep[:, None, :].astype(np.float32), upper)[:, 0, :] > 0)
+        moving = (new != keep).any(axis=1)
+        keep = new
+        if not moving.any():
+            break
+    kept = [np.flatnonzero(row)[:limit] for row in keep]
+    for r in np.flatnonzero(moving):
+        packed = np.packbits(overlap[r], axis=1, bitorder="little")
+        kept[r] = np.asarray(_greedy_bits(packed, np.packbits(valid[r], bitorder="little"), limit), np.intp)
+    return kept
 
 
 def _nms_rows(boxes: np.ndarray, scores: np.ndarray, limit: int, iou: np.floating,
@@ -286,18 +312,16 @@ def _nms_rows(boxes: np.ndarray, scores: np.ndarray, limit: int, iou: np.floatin
     if k > _MATRIX_BOXES:
         return [every_box(r) for r in range(len(flat))]
     order = _ranked(flat, k)
-    ranked_valid = np.packbits(np.take_along_axis(valid, order, 1), axis=1, bitorder="little")
+    ranked_valid = np.take_along_axis(valid, order, 1)
     batch = (np.arange(len(flat)) // classes)[:, None]
     group = max(1, _MATRIX_ELEMENTS // (k * k))
     out: list[np.ndarray] = []
     for start in range(0, len(flat), group):
         idx, b = order[start:start + group], batch[start:start + group]
         matrix = _overlap_matrix(tuple(e[b, idx] for e in edges), area[b, idx], iou)
-        packed = np.packbits(matrix, axis=2, bitorder="little")
-        for r in range(start, start + len(idx)):
-            keep, short = _greedy(packed[r - start], ranked_valid[r], limit)
+        for r, keep in enumerate(_greedy(matrix, ranked_valid[start:start + group], limit), start):
             # the prefix ran out before the limit while candidates remain: take them all
-            out.append(every_box(r) if short and counts[r] > k else order[r, keep])
+            out.append(every_box(r) if len(keep) < limit and counts[r] > k else order[r, keep])
     return out
 
 
