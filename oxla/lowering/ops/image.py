@@ -139,13 +139,13 @@ def affine_grid(cx, theta, size, *, align_corners=0):
 
 # --- NonMaxSuppression ------------------------------------------------------------------------
 
-def _box_edges(boxes: np.ndarray, center_point_box: int) -> tuple[np.ndarray, ...]:
-    """(x_min, x_max, y_min, y_max) of every box, in the boxes' own float type."""
+def _corners(boxes: np.ndarray, center_point_box: int) -> np.ndarray:
+    """(4, batches, boxes): y_min, x_min, y_max, x_max of every box, in the boxes' own type."""
+    planes = np.moveaxis(boxes, -1, 0)
     if center_point_box:  # [x_center, y_center, width, height]
-        xc, yc, w, h = (boxes[..., k] for k in range(4))
-        return xc - w / 2, xc + w / 2, yc - h / 2, yc + h / 2
-    y1, x1, y2, x2 = (boxes[..., k] for k in range(4))  # corners, in either order
-    return np.minimum(x1, x2), np.maximum(x1, x2), np.minimum(y1, y2), np.maximum(y1, y2)
+        center, half = planes[[1, 0]], planes[[3, 2]] / 2
+        return np.concatenate([center - half, center + half])
+    return np.concatenate([np.minimum(planes[:2], planes[2:]), np.maximum(planes[:2], planes[2:])])
 
 
 def _overlaps(edges: tuple[np.ndarray, ...], area: np.ndarray, a: np.ndarray, b: np.ndarray,
@@ -229,20 +229,19 @@ def _ranked(scores: np.ndarray, k: int) -> np.ndarray:
     return order
 
 
-def _overlap_matrix(edges: tuple[np.ndarray, ...], area: np.ndarray, threshold: np.floating) -> np.ndarray:
-    """(rows, k, k) from (rows, k) edges: IoU > threshold, computed as onnxruntime does (the
-    intersection's width times its height over the union; degenerate boxes never overlap)."""
-    x0, x1, y0, y1 = edges
+def _overlap_matrix(corners: np.ndarray, area: np.ndarray, threshold: np.floating) -> np.ndarray:
+    """(rows, k, k) from (4, rows, k) corners and (rows, k) areas (NaN where not positive):
+    IoU > threshold, computed as onnxruntime does (the intersection's width times its height
+    over the union; boxes without positive area never overlap)."""
+    y0, x0, y1, x1 = np.ascontiguousarray(corners)  # planes: broadcasting strided ones is slow
     inter = np.minimum(x1[:, :, None], x1[:, None, :]) - np.maximum(x0[:, :, None], x0[:, None, :])
     high = np.minimum(y1[:, :, None], y1[:, None, :]) - np.maximum(y0[:, :, None], y0[:, None, :])
     # an empty width gives 0 (or -0, NaN) and an empty height a value <= 0, never above a
     # threshold >= 0; without the clamp two empty sides would multiply to a positive area
     np.maximum(inter, 0, out=inter)
     inter *= high
-    # a box without positive area overlaps nothing: a NaN area makes every IoU with it NaN
-    area = np.where(area > 0, area, np.nan).astype(area.dtype)
     union = area[:, :, None] + area[:, None, :]
-    union -= inter  # > 0 or NaN: inter <= either area, also in floating point
+    union -= inter  # > 0 or NaN (a NaN area): inter <= either area, also in floating point
     with np.errstate(divide="ignore", invalid="ignore"):
         ok = np.divide(inter, union, out=union) > threshold
     if threshold < 0:  # only a negative threshold (outside the spec's range) lets IoU 0 pass
@@ -299,26 +298,28 @@ def _nms_rows(boxes: np.ndarray, scores: np.ndarray, limit: int, iou: np.floatin
     valid = np.ones(flat.shape, bool) if min_score is None else flat > min_score
     counts = valid.sum(axis=1)
     k = int(min(counts.max(initial=0), max(2 * limit, 64)))
-    edges = _box_edges(boxes, center_point_box)  # each (batches, n)
-    area = (edges[1] - edges[0]) * (edges[3] - edges[2])
+    corners = _corners(boxes, center_point_box)
+    sides = corners[2:] - corners[:2]
+    area = sides[0] * sides[1]
 
     def every_box(r: int) -> np.ndarray:  # the chunked loop over all of row r's candidates
         b = r // classes
-        return np.asarray(_select(tuple(e[b] for e in edges), area[b], flat[r], limit, iou, min_score),
-                          np.int64)
+        edges = tuple(corners[[1, 3, 0, 2], b])  # x_min, x_max, y_min, y_max
+        return np.asarray(_select(edges, area[b], flat[r], limit, iou, min_score), np.int64)
 
     if k == 0 or limit == 0:
         return [np.zeros(0, np.int64)] * len(flat)
     if k > _MATRIX_BOXES:
         return [every_box(r) for r in range(len(flat))]
     order = _ranked(flat, k)
-    ranked_valid = np.take_along_axis(valid, order, 1)
-    batch = (np.arange(len(flat)) // classes)[:, None]
+    row = np.arange(len(flat))[:, None]
+    ranked_valid, batch = valid[row, order], row // classes
+    nan_area = np.where(area > 0, area, area.dtype.type(np.nan))  # see _overlap_matrix
     group = max(1, _MATRIX_ELEMENTS // (k * k))
     out: list[np.ndarray] = []
     for start in range(0, len(flat), group):
         idx, b = order[start:start + group], batch[start:start + group]
-        matrix = _overlap_matrix(tuple(e[b, idx] for e in edges), area[b, idx], iou)
+        matrix = _overlap_matrix(corners[:, b, idx], nan_area[b, idx], iou)
         for r, keep in enumerate(_greedy(matrix, ranked_valid[start:start + group], limit), start):
             # the prefix ran out before the limit while candidates remain: take them all
             out.append(every_box(r) if len(keep) < limit and counts[r] > k else order[r, keep])
