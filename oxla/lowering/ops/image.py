@@ -141,7 +141,7 @@ def affine_grid(cx, theta, size, *, align_corners=0):
 
 def _corners(boxes: np.ndarray, center_point_box: int) -> np.ndarray:
     """(4, batches, boxes): y_min, x_min, y_max, x_max of every box, in the boxes' own type."""
-    planes = np.moveaxis(boxes, -1, 0)
+    planes = boxes.transpose(2, 0, 1)
     if center_point_box:  # [x_center, y_center, width, height]
         center, half = planes[[1, 0]], planes[[3, 2]] / 2
         return np.concatenate([center - half, center + half])
