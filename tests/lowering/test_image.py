@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from oxla.errors import LoweringError
-from tests.lowering.util import check_node, node_model, run_oxla
+from tests.lowering.util import check_node, node_model, run_onnxruntime, run_oxla
 
 RNG = np.random.default_rng(0)
 IMG = RNG.standard_normal((1, 2, 4, 5)).astype(np.float32)
@@ -214,6 +214,73 @@ def test_nms_center_point_box() -> None:
 def test_nms_absent_limit_selects_nothing() -> None:
     # onnx.reference fails on absent optional inputs
     assert nms(limit=None, iou=None, reference=False).shape == (0, 3)
+
+
+def nms_exact(boxes: np.ndarray, scores: np.ndarray, limit: int, iou: float, score: float | None,
+              **attrs: object) -> np.ndarray:
+    """oxla's selection, checked equal to onnxruntime's row for row (onnx.reference is too slow)."""
+    feeds = {"boxes": boxes, "scores": scores, "max": np.array([limit], np.int64),
+             "iou": np.array([iou], np.float32),
+             "score": None if score is None else np.array([score], np.float32)}
+    model = node_model("NonMaxSuppression", feeds, opset=OPSET, **attrs)
+    got = run_oxla(model, feeds)[0]
+    np.testing.assert_array_equal(got, run_onnxruntime(model, feeds)[0])
+    return got
+
+
+def _random_boxes(rng: np.random.Generator, kind: str, shape: tuple[int, int], center: int) -> np.ndarray:
+    if kind == "grid":  # coordinates on a half-unit grid: many equal, zero-area and reversed boxes
+        return (rng.integers(0, 4, (*shape, 4)) / 2).astype(np.float32)
+    if kind == "normal":  # corners in any order, widths and heights of either sign
+        return (rng.standard_normal((*shape, 4)) * 2).astype(np.float32)
+    xy, wh = rng.random((*shape, 2)) * 10, rng.random((*shape, 2)) * 3
+    return np.concatenate([xy, wh if center else xy + wh], -1).astype(np.float32)
+
+
+@pytest.mark.parametrize("center", [0, 1])
+@pytest.mark.parametrize("kind", ["grid", "normal", "boxes"])
+def test_nms_matches_onnxruntime_on_random_and_degenerate_boxes(kind: str, center: int) -> None:
+    rng = np.random.default_rng(7)
+    for n, classes, limit, iou, score in [(5, 3, 3, 0.5, None), (40, 2, 10, 0.0, 0.3),
+                                          (300, 3, 50, 0.5, 0.5), (300, 2, 2**40, 0.7, None),
+                                          (200, 2, 20, 1.0, 0.0)]:
+        boxes = _random_boxes(rng, kind, (2, n), center)
+        scores = (rng.integers(0, 5, (2, classes, n)) / 4 if kind == "grid"  # many tied scores
+                  else rng.random((2, classes, n))).astype(np.float32)
+        nms_exact(boxes, scores, limit, iou, score, center_point_box=center)
+
+
+def test_nms_tie_at_the_ranking_cut_keeps_the_lower_index() -> None:
+    # 200 boxes far apart, scores tied in blocks: the best 2 * limit cut falls inside a tie
+    boxes = np.stack([np.arange(200) * 2, np.zeros(200), np.arange(200) * 2 + 1, np.ones(200)], 1)
+    scores = (np.arange(200)[::-1] // 7).astype(np.float32)[None, None]
+    got = nms_exact(boxes[None].astype(np.float32), scores, 30, 0.5, None)
+    assert len(got) == 30
+
+
+def test_nms_heavy_suppression_past_the_ranked_prefix() -> None:
+    # nested boxes suppress each other: the limit needs candidates beyond the first ranked prefix
+    rng = np.random.default_rng(3)
+    base = rng.random((1, 400, 2)).astype(np.float32)
+    boxes = np.concatenate([base, base + rng.random((1, 400, 2)).astype(np.float32) * 0.1 + 0.9], -1)
+    got = nms_exact(boxes, rng.random((1, 2, 400)).astype(np.float32), 40, 0.05, None)
+    assert 0 < len(got) < 80
+
+
+def test_nms_long_suppression_chain_still_exact() -> None:
+    # each box overlaps only its neighbours (IoU 1/3): the fixed-point rounds settle one box at a
+    # time, so the rows finish in the sequential pass
+    x = np.arange(200, dtype=np.float32) * 0.5
+    boxes = np.stack([np.zeros(200), x, np.ones(200), x + 1], 1).astype(np.float32)[None]
+    scores = np.stack([np.linspace(1, 0, 200), np.linspace(0, 1, 200)]).astype(np.float32)[None]
+    got = nms_exact(boxes, scores, 100, 0.3, None)
+    assert len(got) == 200
+
+
+def test_nms_long_candidate_list_uses_the_chunked_loop() -> None:
+    rng = np.random.default_rng(4)
+    boxes = _random_boxes(rng, "boxes", (1, 1500), 0)
+    nms_exact(boxes, rng.random((1, 1, 1500)).astype(np.float32), 1000, 0.3, 0.1)
 
 
 PIXELS = RNG.integers(0, 256, (5, 4, 3)).astype(np.uint8)

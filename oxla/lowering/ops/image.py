@@ -139,17 +139,17 @@ def affine_grid(cx, theta, size, *, align_corners=0):
 
 # --- NonMaxSuppression ------------------------------------------------------------------------
 
-def _box_edges(boxes: np.ndarray, center_point_box: int) -> tuple[np.ndarray, ...]:
-    """(x_min, x_max, y_min, y_max) of every box, in the boxes' own float type."""
+def _corners(boxes: np.ndarray, center_point_box: int) -> np.ndarray:
+    """(4, batches, boxes): y_min, x_min, y_max, x_max of every box, in the boxes' own type."""
+    planes = boxes.transpose(2, 0, 1)
     if center_point_box:  # [x_center, y_center, width, height]
-        xc, yc, w, h = (boxes[..., k] for k in range(4))
-        return xc - w / 2, xc + w / 2, yc - h / 2, yc + h / 2
-    y1, x1, y2, x2 = (boxes[..., k] for k in range(4))  # corners, in either order
-    return np.minimum(x1, x2), np.maximum(x1, x2), np.minimum(y1, y2), np.maximum(y1, y2)
+        center, half = planes[[1, 0]], planes[[3, 2]] / 2
+        return np.concatenate([center - half, center + half])
+    return np.concatenate([np.minimum(planes[:2], planes[2:]), np.maximum(planes[:2], planes[2:])])
 
 
 def _overlaps(edges: tuple[np.ndarray, ...], area: np.ndarray, a: np.ndarray, b: np.ndarray,
-              threshold: float) -> np.ndarray:
+              threshold: float | np.floating) -> np.ndarray:
     """(len(a), len(b)): IoU of box a[i] and box b[j] > threshold (degenerate boxes never are)."""
     x0, x1, y0, y1 = (e[:, None] for e in edges)
     ix0, ix1 = np.maximum(x0[a], x0[b].T), np.minimum(x1[a], x1[b].T)
@@ -167,10 +167,12 @@ def _by_score(scores: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     return boxes[np.argsort(-scores[boxes], kind="stable")]
 
 
-def _select(edges, area, scores: np.ndarray, limit: int, iou: float, min_score: float | None) -> list[int]:
-    """Greedy NMS of one (batch, class): highest score first (ties to the lower box index); a box
-    is kept unless it overlaps a kept one. Only the best-scored prefix is sorted until more is
-    needed, and candidates go in chunks so work stops at the limit."""
+def _select(edges, area, scores: np.ndarray, limit: int, iou: float | np.floating,
+            min_score: float | np.floating | None) -> list[int]:
+    """Greedy NMS of one (batch, class) over all its boxes, for long candidate lists: highest
+    score first (ties to the lower box index); a box is kept unless it overlaps a kept one. Only
+    the best-scored prefix is sorted until more is needed, and candidates go in chunks so work
+    stops at the limit."""
     candidates = np.arange(len(scores)) if min_score is None else np.flatnonzero(scores > min_score)
     rest = None
     if 0 < 4 * limit < len(candidates):  # every score tied with the cut stays in the prefix
@@ -206,6 +208,124 @@ def _first(value, default):
     return default if v is None or v.size == 0 else v[0]
 
 
+_MATRIX_BOXES = 1024        # a longer prefix goes to the chunked loop (its matrix would be large)
+_MATRIX_ELEMENTS = 1 << 20  # (rows, k, k) overlap matrices are built in groups this large
+_ROUNDS = 8                 # fixed-point rounds before a row takes the sequential greedy pass
+_FEW_KEPT = 64              # at most this many boxes kept in all: the sequential pass right away
+
+
+def _ranked(scores: np.ndarray, k: int) -> np.ndarray:
+    """(rows, k): each row's k best box indices by descending score, ties to the lower index."""
+    if k >= scores.shape[1]:
+        return np.argsort(-scores, axis=1, kind="stable")
+    top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    top.sort(axis=1)  # index order, so the stable sort below sends ties to the lower index
+    picked = np.take_along_axis(scores, top, 1)
+    order = np.take_along_axis(top, np.argsort(-picked, axis=1, kind="stable"), 1)
+    # a score tied with the cut can have left a lower-indexed twin out: rank those rows fully
+    tied = np.flatnonzero((scores >= picked.min(axis=1, keepdims=True)).sum(axis=1) > k)
+    if tied.size:
+        order[tied] = np.argsort(-scores[tied], axis=1, kind="stable")[:, :k]
+    return order
+
+
+def _overlap_matrix(corners: np.ndarray, area: np.ndarray, threshold: np.floating) -> np.ndarray:
+    """(rows, k, k) from (4, rows, k) corners and (rows, k) areas (NaN where not positive):
+    IoU > threshold, computed as onnxruntime does (the intersection's width times its height
+    over the union; boxes without positive area never overlap)."""
+    y0, x0, y1, x1 = np.ascontiguousarray(corners)  # planes: broadcasting strided ones is slow
+    inter = np.minimum(x1[:, :, None], x1[:, None, :]) - np.maximum(x0[:, :, None], x0[:, None, :])
+    high = np.minimum(y1[:, :, None], y1[:, None, :]) - np.maximum(y0[:, :, None], y0[:, None, :])
+    # an empty width gives 0 (or -0, NaN) and an empty height a value <= 0, never above a
+    # threshold >= 0; without the clamp two empty sides would multiply to a positive area
+    np.maximum(inter, 0, out=inter)
+    inter *= high
+    union = area[:, :, None] + area[:, None, :]
+    union -= inter  # > 0 or NaN (a NaN area): inter <= either area, also in floating point
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ok = np.divide(inter, union, out=union) > threshold
+    if threshold < 0:  # only a negative threshold (outside the spec's range) lets IoU 0 pass
+        ok &= inter > 0
+    return ok
+
+
+def _greedy_bits(overlap: np.ndarray, valid: np.ndarray, limit: int) -> list[int]:
+    """Greedy NMS over one ranked prefix as bit sets: the kept positions. Bit j of row i of the
+    packed `overlap` says box i suppresses box j; the lowest alive bit is the best box left."""
+    width = overlap.shape[-1]
+    rows = overlap.tobytes()
+    alive = int.from_bytes(valid.tobytes(), "little")
+    keep: list[int] = []
+    while alive and len(keep) < limit:
+        low = alive & -alive
+        i = low.bit_length() - 1
+        keep.append(i)
+        alive &= ~(int.from_bytes(rows[i * width:(i + 1) * width], "little") | low)
+    return keep
+
+
+def _greedy(overlap: np.ndarray, valid: np.ndarray, limit: int) -> list[np.ndarray]:
+    """Kept positions of each ranked prefix (rows, k): the greedy pass's result is the one fixed
+    point of keep[j] = valid[j] and no kept i < j overlaps j. Iterating it from `valid` fixes at
+    least one more position per round and stops at that fixed point; detection outputs settle
+    in a few rounds (Cluster-NMS), each one batched matrix product. Rows still moving after
+    _ROUNDS go through the sequential pass, so the result is exact either way. So do all rows
+    when they can keep few boxes: then the sequential pass costs less than one round."""
+    k = overlap.shape[-1]
+    keep, moving = valid, np.ones(len(valid), bool)
+    rounds = 0 if len(valid) * min(limit, k) <= _FEW_KEPT else _ROUNDS
+    if rounds:
+        upper = (overlap & ~np.tri(k, k, 0, bool)).astype(np.float32)  # only better boxes suppress
+    for _ in range(rounds):
+        new = valid & ~(np.matmul(keep[:, None, :].astype(np.float32), upper)[:, 0, :] > 0)
+        moving = (new != keep).any(axis=1)
+        keep = new
+        if not moving.any():
+            break
+    kept = [np.flatnonzero(row)[:limit] for row in keep]
+    for r in np.flatnonzero(moving):
+        packed = np.packbits(overlap[r], axis=1, bitorder="little")
+        kept[r] = np.asarray(_greedy_bits(packed, np.packbits(valid[r], bitorder="little"), limit), np.intp)
+    return kept
+
+
+def _nms_rows(boxes: np.ndarray, scores: np.ndarray, limit: int, iou: np.floating,
+              min_score: np.floating | None, center_point_box: int) -> list[np.ndarray]:
+    """Kept box indices of each (batch, class), in selection order. All of them at once: rank
+    each one's best 2 * limit candidates, one overlap matrix per group, then the greedy pass."""
+    batches, classes, n = scores.shape
+    flat = scores.reshape(batches * classes, n)
+    valid = np.ones(flat.shape, bool) if min_score is None else flat > min_score
+    counts = valid.sum(axis=1)
+    k = int(min(counts.max(initial=0), max(2 * limit, 64)))
+    corners = _corners(boxes, center_point_box)
+    sides = corners[2:] - corners[:2]
+    area = sides[0] * sides[1]
+
+    def every_box(r: int) -> np.ndarray:  # the chunked loop over all of row r's candidates
+        b = r // classes
+        edges = tuple(corners[[1, 3, 0, 2], b])  # x_min, x_max, y_min, y_max
+        return np.asarray(_select(edges, area[b], flat[r], limit, iou, min_score), np.int64)
+
+    if k == 0 or limit == 0:
+        return [np.zeros(0, np.int64)] * len(flat)
+    if k > _MATRIX_BOXES:
+        return [every_box(r) for r in range(len(flat))]
+    order = _ranked(flat, k)
+    row = np.arange(len(flat))[:, None]
+    ranked_valid, batch = valid[row, order], row // classes
+    nan_area = np.where(area > 0, area, area.dtype.type(np.nan))  # see _overlap_matrix
+    group = max(1, _MATRIX_ELEMENTS // (k * k))
+    out: list[np.ndarray] = []
+    for start in range(0, len(flat), group):
+        idx, b = order[start:start + group], batch[start:start + group]
+        matrix = _overlap_matrix(corners[:, b, idx], nan_area[b, idx], iou)
+        for r, keep in enumerate(_greedy(matrix, ranked_valid[start:start + group], limit), start):
+            # the prefix ran out before the limit while candidates remain: take them all
+            out.append(every_box(r) if len(keep) < limit and counts[r] > k else order[r, keep])
+    return out
+
+
 @rule("NonMaxSuppression", since=10, static=("*",))
 def non_max_suppression(cx, boxes, scores, max_output_boxes_per_class=None, iou_threshold=None,
                         score_threshold=None, *, center_point_box=0):
@@ -213,20 +333,19 @@ def non_max_suppression(cx, boxes, scores, max_output_boxes_per_class=None, iou_
     higher-scoring box suppresses; scores must exceed score_threshold when given (v10+)."""
     if center_point_box not in (0, 1):
         raise cx.fail(f"center_point_box must be 0 or 1, got {center_point_box}")
+    boxes, scores = np.asarray(boxes), np.asarray(scores)
     if boxes.ndim != 3 or boxes.shape[2] != 4 or scores.ndim != 3 or scores.shape[::2] != boxes.shape[:2]:
         raise cx.fail(f"boxes must be (batches, boxes, 4) and scores (batches, classes, boxes); "
                       f"got {boxes.shape} and {scores.shape}")
-    limit = max(int(_first(max_output_boxes_per_class, 0)), 0)
-    iou = float(_first(iou_threshold, 0.0))
+    limit = int(min(max(int(_first(max_output_boxes_per_class, 0)), 0), boxes.shape[1]))
+    # thresholds compare in the boxes' and scores' own type, as onnxruntime's float does
+    iou = boxes.dtype.type(_first(iou_threshold, 0.0))
     min_score = _first(score_threshold, None)
-    min_score = None if min_score is None else float(min_score)
-    rows = []
-    for b in range(boxes.shape[0]):
-        edges = _box_edges(np.asarray(boxes[b]), center_point_box)
-        area = (edges[1] - edges[0]) * (edges[3] - edges[2])
-        for c in range(scores.shape[1]):
-            rows += [(b, c, k) for k in _select(edges, area, np.asarray(scores[b, c]), limit, iou, min_score)]
-    return np.asarray(rows, np.int64).reshape(-1, 3)
+    min_score = None if min_score is None else scores.dtype.type(min_score)
+    kept = _nms_rows(boxes, scores, limit, iou, min_score, center_point_box)
+    row = np.repeat(np.arange(len(kept)), [len(k) for k in kept])
+    classes = scores.shape[1]
+    return np.stack([row // classes, row % classes, np.concatenate([row[:0], *kept])], axis=1).astype(np.int64)
 
 
 # --- ImageDecoder: Pillow decodes (the optional `oxla[image]` extra) ---------------------------
