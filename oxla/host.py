@@ -57,6 +57,7 @@ def is_regular(path: str | os.PathLike[str]) -> bool:
 
 
 @functools.cache
+@functools.cache
 def machine_memory() -> int:
     """Physical memory in bytes (the default limit for one value)."""
     try:

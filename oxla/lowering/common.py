@@ -79,17 +79,18 @@ def check_eager(cx: Any, fn: Callable[..., Any], *values: Any, bounded: bool = T
     the shapes are evaluated abstractly every time.
     """
     arrays = [v for v in values if v is not None]
-    if not all(hasattr(v, "dtype") for v in arrays):  # sequences and maps: no one output shape
-        return
-    if not all(is_static(v) for v in arrays) or any(np.dtype(v.dtype) == object for v in arrays):
+    # numpy values only: sequences and maps have no one output shape, traced values are checked
+    # abstractly by the interpreter, strings are sized by their rules (this runs per host step)
+    if not all(isinstance(v, np.ndarray | np.generic) and v.dtype.kind != "O" for v in arrays):
         return
     if bounded:
-        rank = max((len(v.shape) for v in arrays), default=0)
+        rank = max((v.ndim for v in arrays), default=0)
         dims = [1] * rank
         for v in arrays:
             for i, d in enumerate(reversed(v.shape)):
-                dims[i] = max(dims[i], int(d))
-        itemsize = max((np.dtype(v.dtype).itemsize for v in arrays), default=1)
+                if d > dims[i]:
+                    dims[i] = d
+        itemsize = max((v.itemsize for v in arrays), default=1)
         if math.prod(dims) * max(itemsize, 8) <= memory_limit(cx):
             return
     specs = [None if v is None else jax.ShapeDtypeStruct(v.shape, v.dtype) for v in values]

@@ -50,9 +50,17 @@ def _type_string(dtype: np.dtype) -> str | None:
     return f"tensor({onnx.TensorProto.DataType.Name(elem).lower()})"
 
 
+_PASSED: set[tuple[object, ...]] = set()  # (domain, op, opset, input dtypes) that passed
+_PASSED_MOST = 1 << 16
+
+
 def check_input_types(ref: NodeRef, inputs: Sequence[object]) -> None:
     """Raise InvalidModelError when an input's element type is not one the op's schema allows, or
     two inputs bound to one type parameter differ. Sequences, maps and optionals are not checked."""
+    key = (ref.domain, ref.op_type, ref.opset,
+           tuple([None if isinstance(v, list | dict) else getattr(v, "dtype", None) for v in inputs]))
+    if key in _PASSED:  # host steps check the same node every call
+        return
     found = _formals(ref.domain, ref.op_type, ref.opset)
     if found is None:
         return
@@ -86,6 +94,9 @@ def check_input_types(ref: NodeRef, inputs: Sequence[object]) -> None:
             raise InvalidModelError(
                 f"{ref.describe()}: input {i} ('{name}') is {got} but input '{first[1]}' is "
                 f"{first[0]}; both are type {param} and must be the same. Cast one of them.")
+    if len(_PASSED) >= _PASSED_MOST:
+        _PASSED.clear()
+    _PASSED.add(key)
 
 
 def _listing(types: set[str], most: int = 10) -> str:
