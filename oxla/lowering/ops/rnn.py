@@ -148,7 +148,13 @@ def _layer(cx, X, W, R, B, sequence_lens, states: list, *, gates: int, direction
 
 
 def _dot(h, w):
-    """h [batch, H] times the transpose of w [k, H]."""
+    """h [batch, H] times the transpose of w [k, H].
+
+    At batch 1 as the matrix-vector product w h: XLA:CPU emits h w^T as a transposed dot fusion
+    that ran 1.3x slower per step (GRU, H=256) than w h, which reads w's rows in order.
+    """
+    if h.shape[0] == 1:
+        return jnp.dot(w, h[0], precision=HIGHEST)[None]
     return jnp.dot(h, w.T, precision=HIGHEST)
 
 
