@@ -127,13 +127,18 @@ def _layer(cx, X, W, R, B, sequence_lens, states: list, *, gates: int, direction
     mask = None
     if sequence_lens is not None:
         mask = (jnp.arange(T)[:, None] < jnp.reshape(sequence_lens, (1, batch)))[..., None]
-    # the input projection of every step is one dot, hoisted out of the time loop. Directions
+    # The input projections of every step and both directions are one dot, hoisted out of the
+    # time loop (one dot per direction ran 1.05-1.1x slower: slicing W[d] copied it). Directions
     # stay separate scans: one scan over both (a dot per direction per step) ran 1.2-1.5x slower
-    # on XLA:CPU, presumably because the two independent loops overlap
+    # on XLA:CPU, presumably because the two independent loops overlap.
     ys, finals = [], []
+    G = gates * H
+    if project is None:  # W [dirs, G, input] read as [dirs*G, input]
+        xw_all = (jnp.einsum("tbi,gi->tbg", X, jnp.reshape(W, (-1, W.shape[-1])), precision=HIGHEST)
+                  + jnp.reshape(B[:, :G], (-1,)))
     for d, backward in enumerate(reverse):
         if project is None:
-            xw = jnp.einsum("tbi,gi->tbg", X, W[d], precision=HIGHEST) + B[d, :gates * H]
+            xw = xw_all[..., d * G:(d + 1) * G]
         else:
             xw = project(d, X)
         cell = make_cell(d, _recurrent_weights(R[d], T, batch), B[d, gates * H:])
