@@ -25,7 +25,9 @@ HIGHEST = lax.Precision.HIGHEST  # recurrences compound rounding: keep full floa
 _ACTIVATIONS: dict[str, tuple[Callable[[Any, Any, Any], Any], float | None, float | None]] = {
     "relu": (lambda x, a, b: jnp.maximum(x, 0), None, None),
     "tanh": (lambda x, a, b: jnp.tanh(x), None, None),
-    "sigmoid": (lambda x, a, b: lax.logistic(x), None, None),
+    # through tanh: XLA:CPU's logistic took 1.6-2.1 ns per element, tanh 0.33; batch-8 LSTM/GRU
+    # layers ran in 0.87-0.91x the time this way (differences ~1e-7)
+    "sigmoid": (lambda x, a, b: 0.5 * jnp.tanh(0.5 * x) + 0.5, None, None),
     "affine": (lambda x, a, b: a * x + b, 1.0, 0.0),
     "leakyrelu": (lambda x, a, b: jnp.where(x >= 0, x, a * x), 0.01, None),
     "thresholdedrelu": (lambda x, a, b: jnp.where(x > a, x, 0), 1.0, None),
