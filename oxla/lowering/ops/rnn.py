@@ -255,16 +255,19 @@ def lstm_layer(cx, X, W, R, B, sequence_lens, initial_h, initial_c, P, *, activa
     def make_cell(d: int, r: Any, rb: Any) -> Cell:
         f, g, h_act = acts[d]
         H = r.shape[-1]
-        p = jnp.zeros((3 * H,), X.dtype) if P is None else P[d]
+        p = None if P is None else P[d]
+
+        def peep(k: int, v: Any) -> Any:  # the k-th peephole term; none without P (XLA keeps v*0)
+            return 0 if p is None else p[k * H:(k + 1) * H] * v
 
         def cell(carry: tuple, xw: Any) -> tuple:
             h, c = carry
             z = xw + (_dot(h, r) if recur is None else recur(d, h, r)) + rb
-            i = f(clipped(z[:, :H] + p[:H] * c))
+            i = f(clipped(z[:, :H] + peep(0, c)))
             # input_forget couples the gates: what is forgotten is what gets written.
-            forget = 1 - i if input_forget else f(clipped(z[:, 2 * H:3 * H] + p[2 * H:] * c))
+            forget = 1 - i if input_forget else f(clipped(z[:, 2 * H:3 * H] + peep(2, c)))
             c_new = forget * c + i * g(clipped(z[:, 3 * H:]))
-            o = f(clipped(z[:, H:2 * H] + p[H:2 * H] * c_new))
+            o = f(clipped(z[:, H:2 * H] + peep(1, c_new)))
             return o * h_act(c_new), c_new
         return cell
 
