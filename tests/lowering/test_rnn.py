@@ -134,6 +134,21 @@ def test_long_batched_sequences(op: str, attrs: dict) -> None:
     check_node(op, _long(op), ["Y", "Y_h"], hidden_size=H, direction="bidirectional", **attrs, **TOL)
 
 
+@pytest.mark.parametrize("op, attrs", [("RNN", {}), ("GRU", {}), ("GRU", {"linear_before_reset": 1}),
+                                       ("LSTM", {})])
+@pytest.mark.parametrize("full", [True, False])
+def test_batch_of_one(op: str, attrs: dict, full: bool) -> None:
+    # batch 1 takes the matrix-vector form R h of the recurrent product
+    g = GATES[op]
+    feeds: dict[str, np.ndarray | None] = {"X": w(6, 1, INPUT), "W": w(2, g * H, INPUT),
+                                           "R": w(2, g * H, H), "B": w(2, 2 * g * H) if full else None}
+    if full:
+        feeds.update(sequence_lens=None, initial_h=w(2, 1, H))
+        if op == "LSTM":
+            feeds.update(initial_c=w(2, 1, H), P=w(2, 3 * H))
+    check_node(op, feeds, outputs(op), hidden_size=H, direction="bidirectional", **attrs, **TOL)
+
+
 def test_gru_gradient_with_transposed_recurrent_weights() -> None:
     # float64 throughout: central differences in float32 would not resolve 1e-5
     feeds = {k: np.asarray(v, np.float64) for k, v in _long("GRU").items() if v is not None}
