@@ -378,3 +378,59 @@ def choose(sizes: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
     if terms <= GRID_TAPS_TERMS:
         return taps
     return dot if pointwise else split
+
+
+# --- ConvTranspose with kernel == stride ---------------------------------------------------------
+
+def transposed_fits(kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int],
+                    padding: Pads) -> bool:
+    """Whether `transposed_dot` applies: kernel == stride and no dilation (pads are a crop)."""
+    return (tuple(kernel) == tuple(strides) and all(d == 1 for d in dilations)
+            and all(lo >= 0 and hi >= 0 for lo, hi in padding))
+
+
+def transposed_dot(x: Any, w: Any, group: int, *, last: bool = False) -> Any:
+    """A transposed convolution whose kernel equals its stride, before pads: one dot.
+
+    Each input pixel's channels times W, (C, M/group * prod(K)) per group, give that pixel's own
+    K block of output pixels (blocks never overlap), which a transpose puts in place (depth to
+    space). The lhs-dilated convolution computes the same with prod(K) times the multiplies, all
+    but one of them by inserted zeros. X (N, C, *S), W (C, M/group, *K) -> Y (N, M, *(S*K)); with
+    `last`, X (N, *S, C) -> Y (N, *(S*K), M).
+    """
+    n, mg = x.shape[0], w.shape[1]
+    kernel, cg = tuple(w.shape[2:]), w.shape[0] // group
+    nd, kk = len(kernel), math.prod(kernel)
+    sizes = tuple(x.shape[1:-1] if last else x.shape[2:])
+    acc = accumulator(x.dtype)
+    dims: tuple[Any, Any]
+    if last:
+        # W as (G, C/G, *K, M/G): each pixel's block comes out (*K, M/G), channels innermost
+        wg = jnp.transpose(w.reshape((group, cg, mg, kk)), (0, 1, 3, 2)).reshape((group, cg, -1))
+        xg = x.reshape((-1, group, cg))
+        dims = (((2,), (1,)), ((1,), (0,)))  # -> (G, N*prod(S), prod(K)*M/G)
+        y = lax.dot_general(xg, wg, dims, preferred_element_type=acc)
+        y = y.reshape((group, n, *sizes, *kernel, mg))
+        # (G, N, s1..sn, k1..kn, M/G) -> (N, s1, k1, ..., sn, kn, G, M/G)
+        order = (1, *itertools.chain(*[(2 + i, 2 + nd + i) for i in range(nd)]), 0, 2 + 2 * nd)
+        out = (n, *[s * k for s, k in zip(sizes, kernel)], group * mg)
+    else:
+        wg = w.reshape((group, cg, mg * kk))
+        xg = x.reshape((n, group, cg, -1))
+        dims = (((1,), (2,)), ((0,), (1,)))  # -> (G, M/G * prod(K), N, prod(S))
+        y = lax.dot_general(wg, xg, dims, preferred_element_type=acc)
+        y = y.reshape((group, mg, *kernel, n, *sizes))
+        # (G, M/G, k1..kn, N, s1..sn) -> (N, G, M/G, s1, k1, ..., sn, kn)
+        order = (2 + nd, 0, 1, *itertools.chain(*[(3 + nd + i, 2 + i) for i in range(nd)]))
+        out = (n, group * mg, *[s * k for s, k in zip(sizes, kernel)])
+    return jnp.transpose(y, order).reshape(out).astype(x.dtype)
+
+
+def crop(y: Any, padding: Pads, extra: Sequence[int], *, last: bool = False) -> Any:
+    """A full transposed-convolution output with `extra` zeros appended (output_padding) and
+    (begin, end) `padding` cut off, per spatial axis."""
+    if all(e == 0 for e in extra) and all(p == (0, 0) for p in padding):
+        return y
+    spatial = [(-lo, e - hi, 0) for (lo, hi), e in zip(padding, extra)]
+    config = [(0, 0, 0), *spatial, (0, 0, 0)] if last else [(0, 0, 0), (0, 0, 0), *spatial]
+    return lax.pad(y, jnp.zeros((), y.dtype), config)
