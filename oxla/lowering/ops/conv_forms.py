@@ -34,6 +34,12 @@ GRID_TAPS_TERMS = 25
 # prod(K)) has at most this many elements runs as one dot (`dot_last`): 1.3-3x faster than XLA's
 # own convolution on the small shapes of ResNet-small, 3x slower at 56x56x64 (1.8M elements);
 # a 7x7 stem (49 slices to concatenate) was not faster. 1x1 kernels always (X is the operand).
+# ResNet-50's shapes (benchmarks/conv.py --only ResNet-50, one thread) agree: XLA's own wins its
+# 3x3 convs at 56x56x64 and 28x28x128 (1.11-1.25x onnxruntime vs 1.31-1.78x as a dot), the dot at
+# 14x14x256 and 7x7x512 (1.12-1.60x vs 1.40-2.80x). Both run on XLA:CPU's YNNPACK fusions, whose
+# dots are 1.4-2.9x onnxruntime's MLAS on the 7x7/14x14 shapes; compiled without them
+# (compiler option xla_cpu_experimental_ynn_fusion_type="") XLA's own conv wins every ResNet-50
+# shape (0.72-1.22x) and this rule would want re-measuring.
 IM2COL_ELEMENTS = 1 << 19
 # `taps_last` sums all of a depthwise kernel's taps in one loop over (pixel, channel): per pixel it
 # reads prod(K) windows and weight rows of C channels each. Past this many bytes (about the L1
