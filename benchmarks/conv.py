@@ -40,12 +40,16 @@ from onnx import TensorProto, helper, numpy_helper
 from benchmarks.run import write_results
 
 FORMS = ("native", "taps", "taps_flat", "dot", "split", "native_last", "taps_last", "dot_last")
+# ConvTranspose rows: XLA's lhs-dilated convolution (what conv.py does unless kernel == stride) and
+# conv_forms.transposed_dot channels first and last
+TRANSPOSED_FORMS = ("dilated", "transposed_dot", "transposed_dot_last")
 MAX_TAPS_TERMS = 150  # beyond this the fused sum compiles for minutes and runs slowly: not tried
 
 
 @dataclass(frozen=True)
 class Shape:
-    """One Conv: X (1, c, size, size), W (m, c/group, k, k), pads k//2 (same), stride."""
+    """One Conv: X (1, c, size, size), W (m, c/group, k, k), pads k//2 (same), stride; kind
+    "transposed": one ConvTranspose, W (c, m/group, k, k), no pads."""
 
     name: str
     kind: str
@@ -83,6 +87,26 @@ SHAPES = (
     Shape("dense 1x1 256->1024@14", "dense", 256, 14, 1024, 1, 1),
     Shape("dense 1x1 s2 256->512@56", "dense", 256, 56, 512, 1, 1, 2),
     Shape("stem 3x3 s2 3->16@64", "dense", 3, 64, 16, 1, 3, 2),
+    # ResNet-50 (torchvision v1.5, 224): its stem, every 3x3 and the 1x1 convs of each stage
+    Shape("ResNet-50 stem 7x7 s2 3->64@224", "dense", 3, 224, 64, 1, 7, 2),
+    Shape("ResNet-50 3x3 64@56", "dense", 64, 56, 64, 1, 3),
+    Shape("ResNet-50 3x3 s2 128@56", "dense", 128, 56, 128, 1, 3, 2),
+    Shape("ResNet-50 3x3 128@28", "dense", 128, 28, 128, 1, 3),
+    Shape("ResNet-50 3x3 s2 256@28", "dense", 256, 28, 256, 1, 3, 2),
+    Shape("ResNet-50 3x3 256@14", "dense", 256, 14, 256, 1, 3),
+    Shape("ResNet-50 3x3 s2 512@14", "dense", 512, 14, 512, 1, 3, 2),
+    Shape("ResNet-50 3x3 512@7", "dense", 512, 7, 512, 1, 3),
+    Shape("ResNet-50 1x1 256->64@56", "dense", 256, 56, 64, 1, 1),
+    Shape("ResNet-50 1x1 64->256@56", "dense", 64, 56, 256, 1, 1),
+    Shape("ResNet-50 1x1 512->128@28", "dense", 512, 28, 128, 1, 1),
+    Shape("ResNet-50 1x1 128->512@28", "dense", 128, 28, 512, 1, 1),
+    Shape("ResNet-50 1x1 1024->256@14", "dense", 1024, 14, 256, 1, 1),
+    Shape("ResNet-50 1x1 2048->512@7", "dense", 2048, 7, 512, 1, 1),
+    Shape("ResNet-50 1x1 512->2048@7", "dense", 512, 7, 2048, 1, 1),
+    Shape("ResNet-50 1x1 s2 1024->2048@14", "dense", 1024, 14, 2048, 1, 1, 2),
+    Shape("DBNet ConvTranspose 2x2 s2 64->64@80", "transposed", 64, 80, 64, 1, 2, 2),
+    Shape("DBNet ConvTranspose 2x2 s2 64->1@160", "transposed", 64, 160, 1, 1, 2, 2),
+    Shape("ConvTranspose 4x4 s4 32->16@40", "transposed", 32, 40, 16, 1, 4, 4),
 )
 
 
@@ -100,11 +124,15 @@ class Row:
     forms_ms: dict[str, float] = field(default_factory=dict)
 
 
+def _pads(s: Shape) -> int:
+    return 0 if s.kind == "transposed" else s.k // 2
+
+
 def one_node(x: np.ndarray, w: np.ndarray, s: Shape) -> bytes:
-    """A one-node Conv model with W as an initializer."""
-    p = s.k // 2
-    node = helper.make_node("Conv", ["x", "w"], ["y"], group=s.group, strides=[s.stride] * 2,
-                            pads=[p] * 4)
+    """A one-node Conv (or ConvTranspose) model with W as an initializer."""
+    op = "ConvTranspose" if s.kind == "transposed" else "Conv"
+    node = helper.make_node(op, ["x", "w"], ["y"], group=s.group, strides=[s.stride] * 2,
+                            pads=[_pads(s)] * 4)
     graph = helper.make_graph([node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
                               [helper.make_empty_tensor_value_info("y")], [numpy_helper.from_array(w, "w")])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9).SerializeToString()
@@ -120,6 +148,9 @@ def relu_node(x: np.ndarray) -> bytes:
 
 def _forms(s: Shape) -> list[str]:
     from oxla.lowering.ops import conv_forms as F
+
+    if s.kind == "transposed":
+        return list(TRANSPOSED_FORMS)
 
     terms = s.c // s.group * s.k * s.k
     pads, k, st = [(s.k // 2,) * 2] * 2, (s.k,) * 2, (s.stride,) * 2
@@ -185,8 +216,9 @@ def _candidates(s: Shape, x: np.ndarray, w: np.ndarray, threads: int) -> dict[st
     xl = jax.numpy.asarray(np.ascontiguousarray(np.moveaxis(x, 1, -1)))
     wh = jax.numpy.asarray(np.ascontiguousarray(w.transpose(2, 3, 1, 0)))
     for name in _forms(s):
-        form = functools.partial(getattr(F, name), strides=(s.stride,) * 2,
-                                 padding=[(s.k // 2,) * 2] * 2, dilations=(1, 1), group=s.group)
+        form = _transposed_form(name, s) if s.kind == "transposed" else functools.partial(
+            getattr(F, name), strides=(s.stride,) * 2, padding=[(s.k // 2,) * 2] * 2,
+            dilations=(1, 1), group=s.group)
         if name.endswith("_last"):
             f = jax.jit(lambda x, h, form=form: form(x, jax.numpy.transpose(h, (3, 2, 0, 1))))
             calls[name] = lambda f=f: f(xl, wh).block_until_ready()
@@ -196,13 +228,43 @@ def _candidates(s: Shape, x: np.ndarray, w: np.ndarray, threads: int) -> dict[st
     return calls
 
 
-def measure(s: Shape, threads: int, rounds: int) -> Row:
-    """Time every candidate of one shape in this process, interleaved, after checking its values."""
+def _transposed_form(name: str, s: Shape) -> Callable[..., Any]:
+    """A ConvTranspose (no pads) as jax: XLA's lhs-dilated convolution or transposed_dot."""
+    import jax
+
     from oxla.lowering.ops import conv_forms as F
 
+    if name != "dilated":
+        return functools.partial(F.transposed_dot, group=s.group, last=name.endswith("_last"))
+
+    def dilated(x: Any, w: Any) -> Any:
+        # conv.py's general lowering: the stride-dilated X with the flipped, I/O-swapped kernel
+        g, k = s.group, s.k
+        wt = w.reshape((g, s.c // g, s.m // g, k, k)).swapaxes(1, 2).reshape((s.m, s.c // g, k, k))
+        return jax.lax.conv_general_dilated(
+            x, wt[:, :, ::-1, ::-1], (1, 1), [(k - 1, k - 1)] * 2, lhs_dilation=(s.stride,) * 2,
+            dimension_numbers=("NCHW", "OIHW", "NCHW"), feature_group_count=g)
+
+    return dilated
+
+
+def _chosen(s: Shape, w_shape: tuple[int, ...]) -> tuple[str, str]:
+    """The forms Conv (channels first, channels last) takes for this shape."""
+    from oxla.lowering.ops import conv_forms as F
+
+    if s.kind == "transposed":
+        fits = F.transposed_fits((s.k,) * 2, (s.stride,) * 2, (1, 1), [(0, 0)] * 2)
+        return ("transposed_dot", "transposed_dot_last") if fits else ("dilated", "dilated")
+    geometry = ((s.size,) * 2, w_shape, (s.stride,) * 2, [(s.k // 2,) * 2] * 2, (1, 1), s.group)
+    return F.choose(*geometry).__name__, F.choose_last(*geometry).__name__
+
+
+def measure(s: Shape, threads: int, rounds: int) -> Row:
+    """Time every candidate of one shape in this process, interleaved, after checking its values."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, s.c, s.size, s.size)).astype(np.float32)
-    w = rng.standard_normal((s.m, s.c // s.group, s.k, s.k)).astype(np.float32)
+    w_shape = (s.c, s.m // s.group) if s.kind == "transposed" else (s.m, s.c // s.group)
+    w = rng.standard_normal((*w_shape, s.k, s.k)).astype(np.float32)
     calls = _candidates(s, x, w, threads)
     want = calls["ort"]()
     for name, fn in calls.items():
@@ -212,9 +274,7 @@ def measure(s: Shape, threads: int, rounds: int) -> Row:
             np.testing.assert_allclose(got, want, rtol=1e-3,
                                        atol=1e-3 * float(np.abs(want).max()), err_msg=f"{s.name}: {name}")
     med = _interleaved(calls, rounds, 3.0)
-    geometry = ((s.size,) * 2, w.shape, (s.stride,) * 2, [(s.k // 2,) * 2] * 2, (1, 1), s.group)
-    return Row(s.name, s.kind, threads, med.pop("ort"), med.pop("oxla"),
-               F.choose(*geometry).__name__, F.choose_last(*geometry).__name__,
+    return Row(s.name, s.kind, threads, med.pop("ort"), med.pop("oxla"), *_chosen(s, w.shape),
                med.pop("oxla_floor"), med.pop("ort_floor"), med)
 
 
@@ -344,14 +404,14 @@ def _model_child(path: str, batch: int, rounds: int, threads: int, clock: str) -
     return ModelRow(**json.loads(lines[-1]))
 
 
-def table(rows: list[Row]) -> str:
+def table(rows: list[Row], forms: tuple[str, ...] = FORMS) -> str:
     """Markdown: per shape and thread setting, each form's time as a ratio to onnxruntime's."""
     lines = ["| shape | threads | onnxruntime ms | oxla session ms | oxla / ort | session floor "
              "oxla / ort ms | chosen form (first / last) | "
-             + " | ".join(f"{f} / ort" for f in FORMS) + " | fastest form |",
-             "|---|---|---|---|---|---|---|" + "---|" * len(FORMS) + "---|"]
+             + " | ".join(f"{f} / ort" for f in forms) + " | fastest form |",
+             "|---|---|---|---|---|---|---|" + "---|" * len(forms) + "---|"]
     for r in rows:
-        cells = [f"{r.forms_ms[f] / r.ort_ms:.2f}x" if f in r.forms_ms else "" for f in FORMS]
+        cells = [f"{r.forms_ms[f] / r.ort_ms:.2f}x" if f in r.forms_ms else "" for f in forms]
         best = min(r.forms_ms, key=r.forms_ms.__getitem__)
         lines.append(f"| {r.shape} | {r.threads or 'default'} | {r.ort_ms:.3f} | {r.oxla_ms:.3f} | "
                      f"{r.oxla_ms / r.ort_ms:.2f}x | {r.oxla_floor_ms:.3f} / {r.ort_floor_ms:.3f} | "
@@ -389,7 +449,11 @@ def main(argv: list[str] | None = None) -> int:
               for p in args.models.split(",") if p for b in args.batches.split(",") for t in threads]
     rows = [r for t in threads for r in _child(t, args.rounds, args.only, args.clock)]
     rows.sort(key=lambda r: ([s.name for s in SHAPES].index(r.shape), r.threads))
-    text = "\n\n".join(part for part in (table(rows) if rows else "", "Whole models:\n\n"
+    convs = [r for r in rows if r.kind != "transposed"]
+    transposed = [r for r in rows if r.kind == "transposed"]
+    text = "\n\n".join(part for part in (table(convs) if convs else "",
+                                         table(transposed, TRANSPOSED_FORMS) if transposed else "",
+                                         "Whole models:\n\n"
                                          + model_table(models) if models else "") if part)
     print(text)
     if args.write:

@@ -248,3 +248,36 @@ def test_slice_split_and_resize_stay_channels_last(axes: list[int] | None) -> No
     planned = _check(_model(nodes, inits, ["sl", "up", "up2"], opset=13))
     edges = sorted(n.name for n in planned.graph.node if n.name.endswith(("_to_nhwc", "_to_nchw")))
     assert edges == ["sl_to_nchw", "up2_to_nchw", "up_to_nchw", "x_to_nhwc"]
+
+
+@pytest.mark.parametrize("attrs, moved", [
+    ({"strides": [2, 2]}, True),
+    ({"strides": [2, 2], "pads": [1, 0, 0, 1], "output_padding": [1, 1]}, True),
+    ({"strides": [2, 2], "output_shape": [17, 18]}, True),
+    ({"strides": [2, 2], "output_shape": [19, 18]}, True),  # grows: the channels-first rule
+    ({"strides": [2, 2], "group": 2}, True),
+    ({"strides": [1, 1]}, False),                       # kernel 2x2 at stride 1: not a dot
+    ({"strides": [2, 2], "dilations": [2, 1]}, False),
+])
+def test_conv_transpose_with_kernel_equal_to_stride_runs_channels_last(attrs: dict,
+                                                                        moved: bool) -> None:
+    # DBNet's head: Conv, Relu, ConvTranspose 2x2/s2, BatchNorm, Relu, ConvTranspose to 1 channel
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("ConvTranspose", ["r1", "wt", "bt"], ["up"], **attrs),
+             helper.make_node("BatchNormalization", ["up", "s", "t", "mu", "var"], ["bn"]),
+             helper.make_node("Relu", ["bn"], ["r2"]),
+             helper.make_node("ConvTranspose", ["r2", "wt2"], ["y"], strides=[2, 2])]
+    m = 4 * attrs.get("group", 1)
+    inits = [_w("w1", 8, 4, 3, 3), _w("wt", 8, 4, 2, 2), _w("bt", m), _w("s", m), _w("t", m),
+             _w("mu", m), numpy_helper.from_array(np.linspace(0.5, 2, m).astype(np.float32), "var"),
+             _w("wt2", m, 1, 2, 2)]
+    planned = _check(_model(nodes, inits, ["y"]))
+    assert ((DOMAIN, "ConvTranspose") in _ops(planned)) is True  # the second one always moves
+    assert [n.op_type for n in planned.graph.node if n.op_type == "ConvTranspose" and
+            n.domain == ""] == ([] if moved else ["ConvTranspose"])
+    x = RNG.standard_normal((2, 4, 9, 9)).astype(np.float32)
+    again = ort.InferenceSession(planned.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(again.run(None, {"x": x})[0], oxla.InferenceSession(
+        _model(nodes, inits, ["y"]).SerializeToString()).run(None, {"x": x})[0],
+        rtol=1e-4, atol=1e-5)

@@ -5,7 +5,8 @@ channels last itself, but every fused loop written in channels-first index space
 depthwise forms, pools) then reads and writes across the layout: the depthwise loops of
 MobileNet-small ran 3-10x slower inside the model than alone. This pass rewrites the graph:
 
-- every 2-D Conv becomes `oxla.channels_last::Conv` (X and Y channels last, W unchanged);
+- every 2-D Conv becomes `oxla.channels_last::Conv` (X and Y channels last, W unchanged), and
+  so does a 2-D ConvTranspose whose kernel equals its stride (one dot, then depth to space);
 - MaxPool (without Indices), GlobalAveragePool, GlobalMaxPool and inference
   BatchNormalization on a channels-last input become their channels-last twins;
 - elementwise ops, Concat and spatial ReduceMean/Max/Min/Sum on channels-last inputs stay
@@ -175,6 +176,10 @@ class _Rewrite:
             self.emit(node, [self.last[x] if x in self.last else self.to_last(x), *node.input[1:]],
                       domain=DOMAIN)
             return True
+        if op == "ConvTranspose" and self._dot_transpose(node):
+            self.emit(node, [self.last[x] if x in self.last else self.to_last(x), *node.input[1:]],
+                      domain=DOMAIN)
+            return True
         if x not in self.last:
             return False
         if op in UNARY or op == "Dropout":  # Dropout's mask is elementwise too
@@ -203,6 +208,16 @@ class _Rewrite:
         if op == "Resize" and self.opset >= 11:
             return self._resize(node)
         return False
+
+    def _dot_transpose(self, node: NodeProto) -> bool:
+        """Whether a ConvTranspose is 2-D with kernel == stride and no dilation: one dot and a
+        depth-to-space channels last (conv_forms.transposed_dot), where the channels-first one
+        transposes single elements."""
+        w = self.consts(node.input[1]) if len(node.input) > 1 else None
+        if w is None or w.ndim != 4:
+            return False
+        kernel = list(w.shape[2:])
+        return (_ints(node, "strides") or [1, 1]) == kernel and (_ints(node, "dilations") or [1, 1]) == [1, 1]
 
     def _constant_input(self, node: NodeProto, i: int, suffix: str, value: np.ndarray) -> str:
         """A new initializer for input `i` of `node`: its channels-last `value`."""
@@ -442,7 +457,8 @@ def convs_to_channels_last(model: ModelProto) -> int:
 # the planned model (what a session writes as its optimized model after a graph break) stays a
 # valid model that onnxruntime runs. oxla itself runs the native rules: the dispatch table was
 # built before this pass, so it does not see these functions.
-_BODY_INPUTS = {"Conv": (["X", "W", "B"], [0]), "MaxPool": (["X"], [0]),
+_BODY_INPUTS = {"Conv": (["X", "W", "B"], [0]), "ConvTranspose": (["X", "W", "B"], [0]),
+                "MaxPool": (["X"], [0]),
                 "GlobalAveragePool": (["X"], [0]),
                 "GlobalMaxPool": (["X"], [0]),
                 "BatchNormalization": (["X", "scale", "B", "mean", "var"], [0])}

@@ -179,6 +179,44 @@ def test_conv_transpose_against_onnxruntime(case: str) -> None:
     check_node("ConvTranspose", inputs, reference=False, rtol=1e-4, atol=1e-5, **attrs)
 
 
+# kernel == stride, no dilation: conv_forms.transposed_dot (one dot, then depth to space)
+TRANSPOSED_DOT = {
+    "2x2-s2-bias": ({"x": rand(2, 5, 3, 7), "w": rand(5, 3, 2, 2), "b": rand(3)}, {"strides": [2, 2]}),
+    "4x4-s4": ({"x": rand(1, 3, 5, 2), "w": rand(3, 4, 4, 4)}, {"strides": [4, 4]}),
+    "3x2-s3x2-pads": ({"x": XT, "w": rand(4, 3, 3, 2), "b": rand(3)},
+                      {"strides": [3, 2], "pads": [1, 0, 2, 1]}),
+    "output-padding": ({"x": XT, "w": rand(4, 2, 2, 2)},
+                       {"strides": [2, 2], "output_padding": [1, 0], "pads": [0, 1, 0, 0]}),
+    "same-upper": ({"x": XT, "w": rand(4, 2, 2, 2)}, {"strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    "1d": ({"x": rand(2, 3, 5), "w": rand(3, 2, 3)}, {"strides": [3]}),
+    "3d": ({"x": rand(1, 2, 3, 2, 2), "w": rand(2, 3, 2, 1, 2), "b": rand(3)},
+           {"strides": [2, 1, 2]}),
+    "1x1-s1": ({"x": XT, "w": rand(4, 5, 1, 1)}, {}),
+}
+
+
+@pytest.mark.parametrize("case", TRANSPOSED_DOT, ids=lambda c: f"ConvTranspose-dot-{c}")
+def test_conv_transpose_as_dot(case: str) -> None:
+    inputs, attrs = TRANSPOSED_DOT[case]
+    check_node("ConvTranspose", inputs, rtol=1e-4, atol=1e-5, **attrs)
+
+
+TRANSPOSED_DOT_ORT = {  # onnx.reference mixes up the groups' weights and fails on a cropping
+    # output_shape: onnxruntime only
+    "group-2-pads": ({"x": rand(2, 8, 3, 5), "w": rand(8, 3, 2, 2), "b": rand(6)},
+                     {"group": 2, "strides": [2, 2], "pads": [1, 0, 0, 1]}),
+    "depthwise": ({"x": rand(1, 4, 3, 5), "w": rand(4, 1, 2, 2)}, {"group": 4, "strides": [2, 2]}),
+    "output-shape": ({"x": XT, "w": rand(4, 2, 2, 2), "b": rand(2)},
+                     {"strides": [2, 2], "output_shape": [5, 8]}),
+}
+
+
+@pytest.mark.parametrize("case", TRANSPOSED_DOT_ORT, ids=lambda c: f"ConvTranspose-dot-{c}")
+def test_conv_transpose_as_dot_against_onnxruntime(case: str) -> None:
+    inputs, attrs = TRANSPOSED_DOT_ORT[case]
+    check_node("ConvTranspose", inputs, reference=False, rtol=1e-4, atol=1e-5, **attrs)
+
+
 def test_conv_transpose_opset10_same_upper_pads_the_end() -> None:
     # both onnxruntime and onnx.reference use v11's split for v1-v10 as well
     check_node("ConvTranspose", {"x": XT, "w": rand(4, 2, 3, 3)}, opset=10, strides=[2, 2],

@@ -192,3 +192,56 @@ LAST_CHOICES = [  # (X spatial sizes, W shape, strides, pads, group) -> the chan
 def test_choose_last(sizes: tuple, w_shape: tuple, strides: tuple, padding: list, group: int,
                      form: str) -> None:
     assert F.choose_last(sizes, w_shape, strides, padding, (1, 1), group).__name__ == form
+
+
+@pytest.mark.parametrize("c, k, mult, rows", [(640, 5, 1, 1), (400, 3, 1, 2), (200, 3, 2, 2),
+                                              (64, 5, 1, 5)])
+def test_taps_last_row_groups_match_native(c: int, k: int, mult: int, rows: int) -> None:
+    # wide channels: taps_last sums its taps in groups of kernel rows (one loop each, through an
+    # optimization barrier); narrow ones in one loop of two chains
+    row_bytes = 2 * k * c * mult * 8
+    assert (max(1, F.TAPS_L1_BYTES // row_bytes) if row_bytes * k > F.TAPS_L1_BYTES else k) == rows
+    x = RNG.standard_normal((1, 5, 6, c))
+    w = RNG.standard_normal((c * mult, 1, k, k))
+    s, padding, d = (1, 1), [(k // 2 + 1, 0), (0, k // 2)], (1, 1)
+    want = np.asarray(F.native_last(x, w, s, padding, d, c))
+    np.testing.assert_allclose(np.asarray(F.taps_last(x, w, s, padding, d, c)), want,
+                               rtol=1e-10, atol=1e-10)
+    r = RNG.standard_normal(want.shape)
+
+    def loss(form, x, w):  # type: ignore[no-untyped-def]
+        return jnp.sum(form(x, w, s, padding, d, c) * r)
+
+    grads = jax.grad(lambda x, w: loss(F.native_last, x, w), argnums=(0, 1))(x, w)
+    got = jax.jit(jax.grad(lambda x, w: loss(F.taps_last, x, w), argnums=(0, 1)))(x, w)
+    for g, want_g in zip(got, grads):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(want_g), rtol=1e-9, atol=1e-9)
+
+
+def _dilated_transpose(x: np.ndarray, w: np.ndarray, group: int) -> jax.Array:
+    """ConvTranspose without pads as conv.py lowers it in general: an lhs-dilated convolution."""
+    c, mg, k = w.shape[0], w.shape[1], w.shape[2:]
+    nd = len(k)
+    wt = w.reshape((group, c // group, mg, *k)).swapaxes(1, 2).reshape((group * mg, c // group, *k))
+    wt = jnp.flip(wt, tuple(range(2, nd + 2)))
+    spec = jax.lax.ConvDimensionNumbers(*(tuple(range(nd + 2)),) * 3)
+    return jax.lax.conv_general_dilated(x, wt, (1,) * nd, [(ki - 1, ki - 1) for ki in k],
+                                        lhs_dilation=k, dimension_numbers=spec,
+                                        feature_group_count=group)
+
+
+@pytest.mark.parametrize("c, mg, k, group", [(4, 3, (2, 2), 1), (6, 2, (3, 2), 3), (3, 2, (4,), 1),
+                                             (2, 3, (2, 1, 2), 2)])
+def test_transposed_dot_matches_dilated_convolution(c: int, mg: int, k: tuple, group: int) -> None:
+    x = RNG.standard_normal((2, c, *(5, 3, 2)[:len(k)]))
+    w = RNG.standard_normal((c, mg, *k))
+    want = np.asarray(_dilated_transpose(x, w, group))
+    got = np.asarray(F.transposed_dot(x, w, group))
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+    last = F.transposed_dot(np.moveaxis(x, 1, -1), w, group, last=True)
+    np.testing.assert_allclose(np.moveaxis(np.asarray(last), -1, 1), want, rtol=1e-10, atol=1e-10)
+    r = RNG.standard_normal(want.shape)
+    grads = jax.grad(lambda x, w: jnp.sum(_dilated_transpose(x, w, group) * r), (0, 1))(x, w)
+    got_g = jax.jit(jax.grad(lambda x, w: jnp.sum(F.transposed_dot(x, w, group) * r), (0, 1)))(x, w)
+    for g, want_g in zip(got_g, grads):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(want_g), rtol=1e-9, atol=1e-9)

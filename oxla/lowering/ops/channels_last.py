@@ -12,7 +12,8 @@ from jax import lax
 
 from oxla.lowering.common import accum_dtype, xp
 from oxla.lowering.ops import conv_forms
-from oxla.lowering.ops.conv import conv_window
+from oxla.lowering.ops.conv import conv_transpose as conv_transpose_first
+from oxla.lowering.ops.conv import conv_window, transpose_window
 from oxla.lowering.ops.pool import lowest, wide, window
 from oxla.lowering.registry import rule
 from oxla.passes.channels_last import DOMAIN
@@ -33,6 +34,23 @@ def conv(cx, x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel
                                 group=group, kernel_shape=kernel_shape, pads=pads, strides=strides)
     form = conv_forms.choose_last(x.shape[1:-1], w.shape, s, padding, d, group)
     y = form(x, w, s, padding, d, group)
+    return y if b is None else y + b.astype(y.dtype)
+
+
+@rule("ConvTranspose", since=1, domain=DOMAIN)
+def conv_transpose(cx, x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1,
+                   kernel_shape=None, output_padding=None, output_shape=None, pads=None,
+                   strides=None):
+    """ConvTranspose with X and Y channels last: kernel == stride as one dot (the pass moves no
+    other), anything else the channels-first rule between two transposes."""
+    attrs = {"auto_pad": auto_pad, "dilations": dilations, "group": group,
+             "kernel_shape": kernel_shape, "output_padding": output_padding,
+             "output_shape": output_shape, "pads": pads, "strides": strides}
+    s, d, op, padding = transpose_window(cx, _first(x), w, **attrs)
+    if not conv_forms.transposed_fits(w.shape[2:], s, d, padding):
+        y = conv_transpose_first(cx, jnp.moveaxis(x, -1, 1), w, b, **attrs)
+        return jnp.moveaxis(y, 1, -1)
+    y = conv_forms.crop(conv_forms.transposed_dot(x, w, group, last=True), padding, op, last=True)
     return y if b is None else y + b.astype(y.dtype)
 
 

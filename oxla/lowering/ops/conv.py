@@ -159,11 +159,10 @@ def _transpose_pads(cx, x, k, s, d, auto_pad, output_padding, output_shape, pads
     return [split_padding(f - t, upper) for f, t in zip(full, target)]
 
 
-@rule("ConvTranspose", since=1)
-def conv_transpose(cx, x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1,
-                   kernel_shape=None, output_padding=None, output_shape=None, pads=None,
-                   strides=None):
-    """Y = the gradient of Conv w.r.t. its input, applied to X, plus B (v1+)."""
+def transpose_window(cx, x, w, *, auto_pad, dilations, group, kernel_shape, output_padding,
+                     output_shape, pads, strides):
+    """(strides, dilations, output_padding, (begin, end) pads) of a ConvTranspose node, after
+    checking its shapes."""
     n = _check_conv_shapes(cx, x, w, group, kernel_shape)
     c, k = x.shape[1], tuple(w.shape[2:])
     if w.shape[0] != c or c % group:
@@ -176,6 +175,22 @@ def conv_transpose(cx, x, w, b=None, *, auto_pad="NOTSET", dilations=None, group
     # onnx.reference apply v11's rule (the odd element at the end for SAME_UPPER) to every version
     padding = _transpose_pads(cx, x, k, s, d, auto_pad, op, output_shape, pads,
                               auto_pad == "SAME_UPPER")
+    return s, d, op, padding
+
+
+@rule("ConvTranspose", since=1)
+def conv_transpose(cx, x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1,
+                   kernel_shape=None, output_padding=None, output_shape=None, pads=None,
+                   strides=None):
+    """Y = the gradient of Conv w.r.t. its input, applied to X, plus B (v1+)."""
+    s, d, op, padding = transpose_window(
+        cx, x, w, auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape,
+        output_padding=output_padding, output_shape=output_shape, pads=pads, strides=strides)
+    n, c, k = x.ndim - 2, x.shape[1], tuple(w.shape[2:])
+    if conv_forms.transposed_fits(k, s, d, padding):
+        # kernel == stride (upsampling heads): one dot and a depth-to-space, not 4x the work
+        y = conv_forms.crop(conv_forms.transposed_dot(x, w, group), padding, op)
+        return _add_bias(y, b)
     # a transposed conv is a conv of the stride-dilated input with the flipped, I/O-swapped kernel
     m = w.shape[1] * group
     wt = w.reshape((group, c // group, m // group, *k)).swapaxes(1, 2).reshape((m, c // group, *k))

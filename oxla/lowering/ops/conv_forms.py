@@ -34,7 +34,19 @@ GRID_TAPS_TERMS = 25
 # prod(K)) has at most this many elements runs as one dot (`dot_last`): 1.3-3x faster than XLA's
 # own convolution on the small shapes of ResNet-small, 3x slower at 56x56x64 (1.8M elements);
 # a 7x7 stem (49 slices to concatenate) was not faster. 1x1 kernels always (X is the operand).
+# ResNet-50's shapes (benchmarks/conv.py --only ResNet-50, one thread) agree: XLA's own wins its
+# 3x3 convs at 56x56x64 and 28x28x128 (1.11-1.25x onnxruntime vs 1.31-1.78x as a dot), the dot at
+# 14x14x256 and 7x7x512 (1.12-1.60x vs 1.40-2.80x). Both run on XLA:CPU's YNNPACK fusions, whose
+# dots are 1.4-2.9x onnxruntime's MLAS on the 7x7/14x14 shapes; compiled without them
+# (compiler option xla_cpu_experimental_ynn_fusion_type="") XLA's own conv wins every ResNet-50
+# shape (0.72-1.22x) and this rule would want re-measuring.
 IM2COL_ELEMENTS = 1 << 19
+# `taps_last` sums all of a depthwise kernel's taps in one loop over (pixel, channel): per pixel it
+# reads prod(K) windows and weight rows of C channels each. Past this many bytes (about the L1
+# data cache, 48 KiB here) they no longer stay cached from one pixel to the next, and one loop per
+# group of kernel rows (partial sums through memory) ran faster: 5x5 over 960 channels at 7x7
+# 2.06x -> 1.55x onnxruntime, 3x3 over 960 1.20x -> 1.03x; 576 channels (3x3, 41 KiB) kept one loop.
+TAPS_L1_BYTES = 48 << 10
 
 Form = Callable[..., Any]
 
@@ -241,7 +253,9 @@ def taps_last(x: Any, w: Any, strides: Sequence[int], padding: Pads, dilations: 
     """`taps` on channels-last X for one input channel per group (depthwise, any multiplier).
 
     Each tap is one multiply-add of a shifted window of X by a per-channel weight row, and the
-    fused loop runs along the contiguous channel axis.
+    fused loop runs along the contiguous channel axis. The taps are summed in two interleaved
+    chains; when one output pixel's taps and weights outgrow the L1 cache they are summed in
+    groups of kernel rows, one loop each (see `TAPS_L1_BYTES`).
     """
     n, sizes = x.shape[0], tuple(x.shape[1:-1])
     m, kernel = w.shape[0], tuple(w.shape[2:])
@@ -256,18 +270,42 @@ def taps_last(x: Any, w: Any, strides: Sequence[int], padding: Pads, dilations: 
     # the pad fuses into the producer's loop instead of being a pass of its own
     config = [(0, 0, 0), *[(lo, hi, 0) for lo, hi in padding], (0, 0, 0)]
     xa, padding = lax.pad(xa, jnp.zeros((), acc), config), [(0, 0)] * nd
+    row_bytes = 2 * math.prod(kernel[1:]) * m * np.dtype(acc).itemsize
+    rows = max(1, TAPS_L1_BYTES // row_bytes) if row_bytes * kernel[0] > TAPS_L1_BYTES else kernel[0]
     y: Any = None
-    for tap in itertools.product(*[range(k) for k in kernel]):
-        win = window(xa, tap, out, strides, padding, dilations, last=True)
-        if win is None:
-            continue
-        if mult > 1:  # output channel j reads input channel j // mult; channels stay innermost
-            win = jnp.broadcast_to(win[..., None], (*win.shape, mult)).reshape((*win.shape[:-1], m))
-        term = win * wa[tap]
-        y = term if y is None else y + term
+    for first in range(0, kernel[0], rows):
+        terms = []
+        for tap in itertools.product(range(first, min(first + rows, kernel[0])),
+                                     *[range(k) for k in kernel[1:]]):
+            win = window(xa, tap, out, strides, padding, dilations, last=True)
+            if win is None:
+                continue
+            if mult > 1:  # output channel j reads input channel j // mult; channels stay innermost
+                win = jnp.broadcast_to(win[..., None], (*win.shape, mult)).reshape(
+                    (*win.shape[:-1], m))
+            terms.append(win * wa[tap])
+        if y is not None and terms:
+            y = lax.optimization_barrier(y)  # one loop per row group: see TAPS_L1_BYTES
+        y = _chains(terms, y)
     if y is None:  # every tap reads padding only
         return jnp.zeros((n, *out, m), x.dtype)
     return y.astype(x.dtype)
+
+
+def _chains(terms: list[Any], y: Any) -> Any:
+    """y + the sum of terms, added in two interleaved chains: each output's adds form two
+    dependency chains instead of one (5x5 depthwise 1.5x -> 1.35x onnxruntime alone)."""
+    if not terms:
+        return y
+    if y is not None:
+        terms = [y, *terms]
+    even, odd = terms[0], terms[1] if len(terms) > 1 else None
+    for i, t in enumerate(terms[2:]):
+        if i % 2:
+            odd = odd + t
+        else:
+            even = even + t
+    return even if odd is None else even + odd
 
 
 def dot_last(x: Any, w: Any, strides: Sequence[int], padding: Pads, dilations: Sequence[int],
@@ -346,3 +384,59 @@ def choose(sizes: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
     if terms <= GRID_TAPS_TERMS:
         return taps
     return dot if pointwise else split
+
+
+# --- ConvTranspose with kernel == stride ---------------------------------------------------------
+
+def transposed_fits(kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int],
+                    padding: Pads) -> bool:
+    """Whether `transposed_dot` applies: kernel == stride and no dilation (pads are a crop)."""
+    return (tuple(kernel) == tuple(strides) and all(d == 1 for d in dilations)
+            and all(lo >= 0 and hi >= 0 for lo, hi in padding))
+
+
+def transposed_dot(x: Any, w: Any, group: int, *, last: bool = False) -> Any:
+    """A transposed convolution whose kernel equals its stride, before pads: one dot.
+
+    Each input pixel's channels times W, (C, M/group * prod(K)) per group, give that pixel's own
+    K block of output pixels (blocks never overlap), which a transpose puts in place (depth to
+    space). The lhs-dilated convolution computes the same with prod(K) times the multiplies, all
+    but one of them by inserted zeros. X (N, C, *S), W (C, M/group, *K) -> Y (N, M, *(S*K)); with
+    `last`, X (N, *S, C) -> Y (N, *(S*K), M).
+    """
+    n, mg = x.shape[0], w.shape[1]
+    kernel, cg = tuple(w.shape[2:]), w.shape[0] // group
+    nd, kk = len(kernel), math.prod(kernel)
+    sizes = tuple(x.shape[1:-1] if last else x.shape[2:])
+    acc = accumulator(x.dtype)
+    dims: tuple[Any, Any]
+    if last:
+        # W as (G, C/G, *K, M/G): each pixel's block comes out (*K, M/G), channels innermost
+        wg = jnp.transpose(w.reshape((group, cg, mg, kk)), (0, 1, 3, 2)).reshape((group, cg, -1))
+        xg = x.reshape((-1, group, cg))
+        dims = (((2,), (1,)), ((1,), (0,)))  # -> (G, N*prod(S), prod(K)*M/G)
+        y = lax.dot_general(xg, wg, dims, preferred_element_type=acc)
+        y = y.reshape((group, n, *sizes, *kernel, mg))
+        # (G, N, s1..sn, k1..kn, M/G) -> (N, s1, k1, ..., sn, kn, G, M/G)
+        order = (1, *itertools.chain(*[(2 + i, 2 + nd + i) for i in range(nd)]), 0, 2 + 2 * nd)
+        out = (n, *[s * k for s, k in zip(sizes, kernel)], group * mg)
+    else:
+        wg = w.reshape((group, cg, mg * kk))
+        xg = x.reshape((n, group, cg, -1))
+        dims = (((1,), (2,)), ((0,), (1,)))  # -> (G, M/G * prod(K), N, prod(S))
+        y = lax.dot_general(wg, xg, dims, preferred_element_type=acc)
+        y = y.reshape((group, mg, *kernel, n, *sizes))
+        # (G, M/G, k1..kn, N, s1..sn) -> (N, G, M/G, s1, k1, ..., sn, kn)
+        order = (2 + nd, 0, 1, *itertools.chain(*[(3 + nd + i, 2 + i) for i in range(nd)]))
+        out = (n, group * mg, *[s * k for s, k in zip(sizes, kernel)])
+    return jnp.transpose(y, order).reshape(out).astype(x.dtype)
+
+
+def crop(y: Any, padding: Pads, extra: Sequence[int], *, last: bool = False) -> Any:
+    """A full transposed-convolution output with `extra` zeros appended (output_padding) and
+    (begin, end) `padding` cut off, per spatial axis."""
+    if all(e == 0 for e in extra) and all(p == (0, 0) for p in padding):
+        return y
+    spatial = [(-lo, e - hi, 0) for (lo, hi), e in zip(padding, extra)]
+    config = [(0, 0, 0), *spatial, (0, 0, 0)] if last else [(0, 0, 0), (0, 0, 0), *spatial]
+    return lax.pad(y, jnp.zeros((), y.dtype), config)
