@@ -97,46 +97,49 @@ def _bias(g: _Graph, name: str, m: int) -> np.ndarray | None:
     return value
 
 
-def _centered(g: _Graph, conv: NodeProto, dx: NodeProto, dw: NodeProto, w: np.ndarray,
-              attrs: dict) -> tuple[list[NodeProto], list[TensorProto]] | None:
-    """ConvInteger on int8 x - c (c = 128 for uint8 x, else 0) padded with x_zp - c, plus the
-    constant c' * rowsum(w), c' = c - x_zp: the exact conv(x - x_zp, w) without the per-call
-    weight row sums ConvInteger's int8 GEMM needs when X has a zero point (ResNet-50: ~25 MB
-    of weights read and summed every call). Only for zero weight zero points (symmetric int8
-    weights, as onnxruntime's quantizer writes them), group 1 and explicit pads."""
-    wz, xz = g.const(dw.input[2]), g.const(dx.input[2])
-    if g.opset < 13 or wz is None or xz is None or np.any(wz) or int(attrs.get("group", 1)) != 1 \
-            or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "", "VALID"):
+def centered_conv(g: _Graph, name: str, inputs: tuple[str, str, str, str], w: np.ndarray, attrs: dict,
+                  acc: str, bias: np.ndarray | None = None) -> tuple[list[NodeProto], list[TensorProto]] | None:
+    """Nodes computing acc = conv(x - x_zp, w - w_zp) + bias in int32 from inputs (x, x_zp, w,
+    w_zp) as ConvInteger on int8 x - c (c = 128 for uint8 x, else 0) padded with x_zp - c,
+    plus the constant (c - x_zp) * rowsum(w) + bias: exact, without the per-call weight row sums
+    ConvInteger's int8 GEMM needs when X has a zero point (ResNet-50: ~25 MB of weights read and
+    summed every call). Only for zero weight zero points (symmetric int8 weights, as
+    onnxruntime's quantizer writes them), group 1 and explicit pads; else None."""
+    x, xz_name, w_name, wz_name = inputs
+    wz, xz = g.const(wz_name), g.const(xz_name)
+    if g.opset < 13 or wz is None or xz is None or xz.size != 1 or np.any(wz) \
+            or int(attrs.get("group", 1)) != 1 or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "", "VALID"):
         return None
     n = w.ndim - 2
     pads = [0] * (2 * n) if attrs.get("auto_pad") == "VALID" else list(attrs.get("pads", [0] * (2 * n)))
-    y, x = conv.output[0], dx.input[0]
     shift = 128 if xz.dtype == np.uint8 else 0
     offset = shift - int(xz.reshape(()))  # x - x_zp == (x - shift) + offset
     nodes: list[NodeProto] = []
     consts: list[TensorProto] = []
     if shift:  # uint8 x - 128 fits int8
-        consts.append(numpy_helper.from_array(np.array(shift, np.int16), y + "__oxla_shift"))
-        nodes += [helper.make_node("Cast", [x], [y + "__oxla_x16"], to=TensorProto.INT16),
-                  helper.make_node("Sub", [y + "__oxla_x16", y + "__oxla_shift"], [y + "__oxla_xc16"]),
-                  helper.make_node("Cast", [y + "__oxla_xc16"], [y + "__oxla_x8"], to=TensorProto.INT8)]
-        x = y + "__oxla_x8"
+        consts.append(numpy_helper.from_array(np.array(shift, np.int16), acc + "__shift"))
+        nodes += [helper.make_node("Cast", [x], [acc + "__x16"], to=TensorProto.INT16),
+                  helper.make_node("Sub", [acc + "__x16", acc + "__shift"], [acc + "__xc16"]),
+                  helper.make_node("Cast", [acc + "__xc16"], [acc + "__x8"], to=TensorProto.INT8)]
+        x = acc + "__x8"
     if any(pads):  # padded with the zero point: (x_zp - shift) + offset == 0
         consts += [numpy_helper.from_array(np.array([0, 0, *pads[:n], 0, 0, *pads[n:]], np.int64),
-                                           y + "__oxla_pads"),
-                   numpy_helper.from_array(np.array(-offset, np.int8), y + "__oxla_fill")]
-        nodes.append(helper.make_node("Pad", [x, y + "__oxla_pads", y + "__oxla_fill"],
-                                      [y + "__oxla_xpad"]))
-        x = y + "__oxla_xpad"
+                                           acc + "__pads"),
+                   numpy_helper.from_array(np.array(-offset, np.int8), acc + "__fill")]
+        nodes.append(helper.make_node("Pad", [x, acc + "__pads", acc + "__fill"], [acc + "__xpad"]))
+        x = acc + "__xpad"
     kept = {k: v for k, v in attrs.items() if k not in ("pads", "auto_pad")}
-    acc = y + "__oxla_acc8" if offset else y + "__oxla_acc"
-    nodes.append(helper.make_node("ConvInteger", [x, dw.input[0]], [acc], name=conv.name + "__oxla_int",
-                                  **kept))
-    if offset:
-        sums = w.reshape(w.shape[0], -1).astype(np.int64).sum(axis=1) * offset
-        consts.append(numpy_helper.from_array(sums.astype(np.int32).reshape((-1,) + (1,) * n),
-                                              y + "__oxla_offset"))
-        nodes.append(helper.make_node("Add", [acc, y + "__oxla_offset"], [y + "__oxla_acc"]))
+    total = w.reshape(w.shape[0], -1).astype(np.int64).sum(axis=1) * offset
+    if bias is not None:
+        total = total + bias.astype(np.int64)
+    if np.abs(total).max() >= 2**31:
+        return None
+    if not total.any():
+        nodes.append(helper.make_node("ConvInteger", [x, w_name], [acc], name=name, **kept))
+        return nodes, consts
+    nodes += [helper.make_node("ConvInteger", [x, w_name], [acc + "__conv"], name=name, **kept),
+              helper.make_node("Add", [acc + "__conv", acc + "__offset"], [acc])]
+    consts.append(numpy_helper.from_array(total.astype(np.int32).reshape((-1,) + (1,) * n), acc + "__offset"))
     return nodes, consts
 
 
@@ -156,7 +159,8 @@ def _rewrite(g: _Graph, conv: NodeProto) -> tuple[list[NodeProto], list[TensorPr
     scale = (x_scale.reshape(()) * w_scale).astype(np.float32)  # one float32 rounding
     consts = [numpy_helper.from_array(scale.reshape((m,) + (1,) * (rank - 2)), y + "__oxla_scale")]
     attrs = {a.name: attribute_value(a) for a in conv.attribute}
-    centered = _centered(g, conv, dx, dw, w, attrs)
+    centered = centered_conv(g, conv.name + "__oxla_int", (dx.input[0], dx.input[2], dw.input[0], dw.input[2]),
+                             w, attrs, y + "__oxla_acc")
     if centered is None:
         nodes = [helper.make_node("ConvInteger", [dx.input[0], dw.input[0], dx.input[2], dw.input[2]],
                                   [y + "__oxla_acc"], name=conv.name + "__oxla_int", **attrs)]
