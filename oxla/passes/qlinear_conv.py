@@ -6,7 +6,7 @@ Computed as written, the int8 GEMM behind acc needs the row sums of the weights 
 (x has a zero point). With constant weights and zero weight zero points it becomes
 
     acc = ConvInteger(int8 x - c, w) + ((c - x_zp) * rowsum(w) + B)     (qdq_conv.centered_conv)
-    y   = Cast(Clip(Round(Cast(acc, float) * M) + y_zp, min, max), 8-bit)
+    y   = QuantizeLinear(Cast(acc, float) * M, 1, y_zp)
 
 M and the constant computed once, at load: bit for bit the rule's result (qmath.requantize).
 """
@@ -49,21 +49,14 @@ def _rewrite(g: _Graph, node: NodeProto) -> tuple[list[NodeProto], list[TensorPr
     nodes, consts = done
     xs_v, ws_v, ys_v = (np.asarray(v, np.float32).reshape(-1) for v in scales)  # type: ignore[arg-type]
     multiplier = (xs_v * ws_v) / ys_v  # float32 product, then float32 division: output_scale
-    info = np.iinfo(y_zp.dtype)
     consts += [numpy_helper.from_array(np.broadcast_to(multiplier, (m,)).astype(np.float32)
                                        .reshape((m,) + (1,) * n), y + "__oxla_multiplier"),
-               numpy_helper.from_array(np.asarray(y_zp, np.float32).reshape(()), y + "__oxla_zp"),
-               numpy_helper.from_array(np.array(info.min, np.float32), y + "__oxla_lo"),
-               numpy_helper.from_array(np.array(info.max, np.float32), y + "__oxla_hi")]
-    # qmath.saturate's clamp to [lo - zp, hi - zp], round and + zp, as round, + zp, clamp: the
-    # bounds are integers, and a sum that float32 cannot hold exactly is clamped anyway; no NaN
-    # (a finite multiplier times an integer)
+               numpy_helper.from_array(np.array(1.0, np.float32), y + "__oxla_one")]
+    # QuantizeLinear by 1 is qmath.requantize's saturate(round(v) + zp) (v / 1 is exact), and
+    # its result is materialized: the next convolution's Pad stays a copy
     nodes += [helper.make_node("Cast", [acc], [acc + "__f"], to=TensorProto.FLOAT),
               helper.make_node("Mul", [acc + "__f", y + "__oxla_multiplier"], [acc + "__scaled"]),
-              helper.make_node("Round", [acc + "__scaled"], [acc + "__rounded"]),
-              helper.make_node("Add", [acc + "__rounded", y + "__oxla_zp"], [acc + "__shifted"]),
-              helper.make_node("Clip", [acc + "__shifted", y + "__oxla_lo", y + "__oxla_hi"], [acc + "__clipped"]),
-              helper.make_node("Cast", [acc + "__clipped"], [y], to=helper.np_dtype_to_tensor_dtype(y_zp.dtype))]
+              helper.make_node("QuantizeLinear", [acc + "__scaled", y + "__oxla_one", yz], [y])]
     return nodes, consts
 
 
