@@ -134,3 +134,20 @@ def test_old_opsets_keep_the_zero_point_form() -> None:
     assert qdq_conv_to_integer(model) == 1
     conv = next(n for n in model.graph.node if n.op_type == "ConvInteger")
     assert len(conv.input) == 4
+
+
+@pytest.mark.parametrize("form", ["int8-weights-uint8-x", "uint8-weights-int8-x", "no-bias-no-pads"])
+def test_scale_product_through_float64_equals_the_float32_product(
+        form: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """|acc| < 2^29: Cast(acc, double) * scale rounded to float32 is the float32 product."""
+    x = (np.random.default_rng(8).standard_normal((2, 4, 7, 7)) * 3).astype(F32)
+    session = oxla.CompiledModel(_model(**FORMS[form]), Options(layout_weights=True))
+    casts = [a.i for n in session.plan.nodes if n.op_type == "Cast" for a in n.attribute]
+    assert TensorProto.DOUBLE in casts
+    got = session({"x": x})
+    monkeypatch.setattr("oxla.passes.qdq_conv._acc_bound", lambda *args: float("inf"))
+    plain = oxla.CompiledModel(_model(**FORMS[form]), Options(layout_weights=True))
+    assert TensorProto.DOUBLE not in [a.i for n in plain.plan.nodes if n.op_type == "Cast" for a in n.attribute]
+    want = plain({"x": x})
+    for name in ("conv", "y"):
+        np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]))
