@@ -100,7 +100,7 @@ def test_unused_quantized_weights_are_dropped() -> None:
 
 
 CENTERED = {
-    "uint8-x-padded": ({}, ["Cast", "Sub", "Cast", "Pad", "ConvInteger", "Add"]),
+    "uint8-x-padded": ({}, ["Pad", "Cast", "Sub", "Cast", "ConvInteger", "Add"]),
     "uint8-x-unpadded": ({"pads": 0, "bias": False}, ["Cast", "Sub", "Cast", "ConvInteger", "Add"]),
     "int8-x-int8-weights": ({"x_dtype": np.int8}, ["Pad", "ConvInteger", "Add"]),
 }

@@ -100,7 +100,7 @@ def _bias(g: _Graph, name: str, m: int) -> np.ndarray | None:
 def centered_conv(g: _Graph, name: str, inputs: tuple[str, str, str, str], w: np.ndarray, attrs: dict,
                   acc: str, bias: np.ndarray | None = None) -> tuple[list[NodeProto], list[TensorProto]] | None:
     """Nodes computing acc = conv(x - x_zp, w - w_zp) + bias in int32 from inputs (x, x_zp, w,
-    w_zp) as ConvInteger on int8 x - c (c = 128 for uint8 x, else 0) padded with x_zp - c,
+    w_zp) as ConvInteger on int8 x - c (c = 128 for uint8 x, else 0), x padded with x_zp first,
     plus the constant (c - x_zp) * rowsum(w) + bias: exact, without the per-call weight row sums
     ConvInteger's int8 GEMM needs when X has a zero point (ResNet-50: ~25 MB of weights read and
     summed every call). Only for zero weight zero points (symmetric int8 weights, as
@@ -116,18 +116,18 @@ def centered_conv(g: _Graph, name: str, inputs: tuple[str, str, str, str], w: np
     offset = shift - int(xz.reshape(()))  # x - x_zp == (x - shift) + offset
     nodes: list[NodeProto] = []
     consts: list[TensorProto] = []
+    if any(pads):  # X padded with its zero point, before the shift (layout's Pad materializes it)
+        consts += [numpy_helper.from_array(np.array([0, 0, *pads[:n], 0, 0, *pads[n:]], np.int64),
+                                           acc + "__pads"),
+                   numpy_helper.from_array(xz.reshape(()), acc + "__fill")]
+        nodes.append(helper.make_node("Pad", [x, acc + "__pads", acc + "__fill"], [acc + "__xpad"]))
+        x = acc + "__xpad"
     if shift:  # uint8 x - 128 fits int8
         consts.append(numpy_helper.from_array(np.array(shift, np.int16), acc + "__shift"))
         nodes += [helper.make_node("Cast", [x], [acc + "__x16"], to=TensorProto.INT16),
                   helper.make_node("Sub", [acc + "__x16", acc + "__shift"], [acc + "__xc16"]),
                   helper.make_node("Cast", [acc + "__xc16"], [acc + "__x8"], to=TensorProto.INT8)]
         x = acc + "__x8"
-    if any(pads):  # padded with the zero point: (x_zp - shift) + offset == 0
-        consts += [numpy_helper.from_array(np.array([0, 0, *pads[:n], 0, 0, *pads[n:]], np.int64),
-                                           acc + "__pads"),
-                   numpy_helper.from_array(np.array(-offset, np.int8), acc + "__fill")]
-        nodes.append(helper.make_node("Pad", [x, acc + "__pads", acc + "__fill"], [acc + "__xpad"]))
-        x = acc + "__xpad"
     kept = {k: v for k, v in attrs.items() if k not in ("pads", "auto_pad")}
     total = w.reshape(w.shape[0], -1).astype(np.int64).sum(axis=1) * offset
     if bias is not None:
