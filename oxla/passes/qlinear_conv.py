@@ -60,8 +60,7 @@ def _rewrite(g: _Graph, node: NodeProto) -> tuple[list[NodeProto], list[TensorPr
               helper.make_node("Mul", [acc + "__f", y + "__oxla_multiplier"], [acc + "__scaled"])]
     if wide:
         nodes.append(helper.make_node("Cast", [acc + "__scaled"], [acc + "__scaled32"], to=TensorProto.FLOAT))
-    # QuantizeLinear by 1 is qmath.requantize's saturate(round(v) + zp) (v / 1 is exact), and
-    # its result is materialized: the next convolution's Pad stays a copy
+    # QuantizeLinear by 1 is qmath.requantize's saturate(round(v) + zp) (v / 1 is exact)
     nodes.append(helper.make_node("QuantizeLinear", [acc + ("__scaled32" if wide else "__scaled"),
                                                      y + "__oxla_one", yz], [y]))
     return nodes, consts

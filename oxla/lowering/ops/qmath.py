@@ -124,15 +124,6 @@ def as_int8(v, zero_point):
     return v8, shift - zero_point.astype(I32)
 
 
-def materialized(v):
-    """v computed into its own buffer, not fused into its consumers: a pad that XLA:CPU fuses with
-    the quantization in front of it evaluates the whole chain per padded element, unvectorized
-    (quantize + pad before a 3x3 convolution, 128x56x56: 4.4 ns per element instead of 1.3)."""
-    if isinstance(v, (np.ndarray, np.generic)):
-        return v
-    return lax.optimization_barrier(v)
-
-
 def _materialized(a, b):
     """The operands of an int8 product, kept out of the fusions around it: XLA otherwise shares
     an int32 convert of them with the row/column sums and multiplies in int32 (512x4608 by 49:

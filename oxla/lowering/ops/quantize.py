@@ -96,9 +96,8 @@ def quantize_linear(cx, x, y_scale, y_zero_point=None, *, axis=1, block_size=0, 
     if y_zero_point is not None:
         zp = _param(cx, "y_zero_point", y_zero_point, x.shape, axis, block_size)
     if target in _INTEGER and not precision and work != np.float64:
-        # onnxruntime divides in float32 for float16/bfloat16 inputs and scales too; the
-        # result is materialized (qmath.materialized): a Pad after it is then a plain copy
-        return qmath.materialized(qmath.quantize(x, scale.astype(jnp.float32), zp, target))
+        # onnxruntime divides in float32 for float16/bfloat16 inputs and scales too
+        return qmath.quantize(x, scale.astype(jnp.float32), zp, target)
     return _to_quantized(cx, x.astype(work) / scale.astype(work), zp, target, saturate)
 
 
