@@ -8,6 +8,12 @@ w_q - w_zp) + b; XLA:CPU computes the integer convolution 5-10x faster than the 
     acc = ConvInteger(x_q, w_q, x_zp, w_zp)          exact, int32
     y   = Cast(acc, float) * (x_scale * w_scale) + b  scale product rounded once, at load
 
+With symmetric weights (zero weight zero points, what onnxruntime's quantizer writes) the
+ConvInteger runs on x shifted to int8 and padded with its zero point, and the zero point's
+share, (128 - x_zp) * rowsum(w), is a constant added to acc (centered_conv): no per-call sums
+of the weights. Where |acc| < 2^29 the scale product is taken in float64 (exact, so its float32
+rounding is the float32 product) and fuses with the bias Add and the next QuantizeLinear.
+
 The float convolution rounds each product and partial sum; this form rounds the int32 sum and
 the product with the combined scale. Neither is the other bit for bit (nor is onnxruntime's
 float convolution, summing in its own order): on the QDQ ResNets all three land on the same
