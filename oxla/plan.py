@@ -22,6 +22,7 @@ from oxla.passes.classify import DispatchTable, check_supported
 from oxla.passes.constants import large_constants_to_initializers
 from oxla.passes.dequantize_constants import dequantize_constants
 from oxla.passes.qdq_conv import qdq_conv_to_integer
+from oxla.passes.qlinear_conv import qlinear_conv_centered
 from oxla.passes.static_inputs import required_static
 from oxla.passes.weight_layout import conv_weights_to_hwio, gemm_weights_to_kn
 
@@ -69,6 +70,7 @@ def prepare(model: ModelProto, options: Options) -> DispatchTable:
         large_constants_to_initializers(model)
         if options.layout_weights:
             qdq_conv_to_integer(model)
+            qlinear_conv_centered(model)
             dequantize_constants(model, options.memory_limit)
             conv_weights_to_hwio(model)
             gemm_weights_to_kn(model)

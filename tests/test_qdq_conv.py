@@ -94,5 +94,60 @@ def test_unused_quantized_weights_are_dropped() -> None:
     model = _model()
     assert qdq_conv_to_integer(model) == 1
     names = {t.name for t in model.graph.initializer}
-    assert {"wq", "wz", "xz"} <= names and not {"ws", "bq", "bs"} & names
+    # the centered form reads no weight zero point: wz goes with the weights' DequantizeLinear
+    assert {"wq", "xz"} <= names and not {"ws", "bq", "bs", "wz"} & names
     assert [n.op_type for n in model.graph.node].count("DequantizeLinear") == 1  # y's
+
+
+CENTERED = {
+    "uint8-x-padded": ({}, ["Pad", "Cast", "Sub", "Cast", "ConvInteger", "Add"]),
+    "uint8-x-unpadded": ({"pads": 0, "bias": False}, ["Cast", "Sub", "Cast", "ConvInteger", "Add"]),
+    "int8-x-int8-weights": ({"x_dtype": np.int8}, ["Pad", "ConvInteger", "Add"]),
+}
+
+
+@pytest.mark.parametrize("form", CENTERED, ids=list(CENTERED))
+def test_centered_form_equals_the_zero_point_form(form: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Symmetric weights: ConvInteger on x shifted to int8 and padded with the zero point, plus
+    the weights' row sums folded at load, is bit for bit ConvInteger with zero points."""
+    kwargs, ops = CENTERED[form]
+    model = _model(**kwargs)
+    x = (np.random.default_rng(7).standard_normal((2, 4, 7, 7)) * 3).astype(F32)
+    session = oxla.CompiledModel(model, Options(layout_weights=True))
+    plan = [n.op_type for n in session.plan.nodes]
+    start = plan.index(ops[0], plan.index("QuantizeLinear") + 1)
+    assert plan[start:start + len(ops)] == ops
+    conv = next(n for n in session.plan.nodes if n.op_type == "ConvInteger")
+    assert len(conv.input) == 2 and not any(a.name == "pads" for a in conv.attribute)
+    got = session({"x": x})
+    monkeypatch.setattr("oxla.passes.qdq_conv.centered_conv", lambda *args: None)
+    zero_points = oxla.CompiledModel(_model(**kwargs), Options(layout_weights=True))
+    assert len(next(n for n in zero_points.plan.nodes if n.op_type == "ConvInteger").input) == 4
+    want = zero_points({"x": x})
+    for name in ("conv", "y"):
+        np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]))
+
+
+def test_old_opsets_keep_the_zero_point_form() -> None:
+    model = _model()
+    model.opset_import[0].version = 12
+    assert qdq_conv_to_integer(model) == 1
+    conv = next(n for n in model.graph.node if n.op_type == "ConvInteger")
+    assert len(conv.input) == 4
+
+
+@pytest.mark.parametrize("form", ["int8-weights-uint8-x", "uint8-weights-int8-x", "no-bias-no-pads"])
+def test_scale_product_through_float64_equals_the_float32_product(
+        form: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """|acc| < 2^29: Cast(acc, double) * scale rounded to float32 is the float32 product."""
+    x = (np.random.default_rng(8).standard_normal((2, 4, 7, 7)) * 3).astype(F32)
+    session = oxla.CompiledModel(_model(**FORMS[form]), Options(layout_weights=True))
+    casts = [a.i for n in session.plan.nodes if n.op_type == "Cast" for a in n.attribute]
+    assert TensorProto.DOUBLE in casts
+    got = session({"x": x})
+    monkeypatch.setattr("oxla.passes.qdq_conv._acc_bound", lambda *args: float("inf"))
+    plain = oxla.CompiledModel(_model(**FORMS[form]), Options(layout_weights=True))
+    assert TensorProto.DOUBLE not in [a.i for n in plain.plan.nodes if n.op_type == "Cast" for a in n.attribute]
+    want = plain({"x": x})
+    for name in ("conv", "y"):
+        np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]))

@@ -8,6 +8,12 @@ w_q - w_zp) + b; XLA:CPU computes the integer convolution 5-10x faster than the 
     acc = ConvInteger(x_q, w_q, x_zp, w_zp)          exact, int32
     y   = Cast(acc, float) * (x_scale * w_scale) + b  scale product rounded once, at load
 
+With symmetric weights (zero weight zero points, what onnxruntime's quantizer writes) the
+ConvInteger runs on x shifted to int8 and padded with its zero point, and the zero point's
+share, (128 - x_zp) * rowsum(w), is a constant added to acc (centered_conv): no per-call sums
+of the weights. Where |acc| < 2^29 the scale product is taken in float64 (exact, so its float32
+rounding is the float32 product) and fuses with the bias Add and the next QuantizeLinear.
+
 The float convolution rounds each product and partial sum; this form rounds the int32 sum and
 the product with the combined scale. Neither is the other bit for bit (nor is onnxruntime's
 float convolution, summing in its own order): on the QDQ ResNets all three land on the same
@@ -19,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
-from oxla.graph import attribute_value, node_reads, tensor_value
+from oxla.graph import attribute_value, model_opsets, node_reads, tensor_value
 from oxla.passes.dequantize_constants import dequantize
 
 _INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
@@ -37,7 +43,8 @@ def _attrs(node: NodeProto) -> dict:
 class _Graph:
     """Initializer values (read once) and producers of the top-level graph."""
 
-    def __init__(self, graph: GraphProto) -> None:
+    def __init__(self, graph: GraphProto, opset: int) -> None:
+        self.opset = opset
         fed = {i.name for i in graph.input}
         self.tensors = {t.name: t for t in graph.initializer if t.name not in fed}
         self.producer = {o: n for n in graph.node for o in n.output}
@@ -96,6 +103,52 @@ def _bias(g: _Graph, name: str, m: int) -> np.ndarray | None:
     return value
 
 
+def centered_conv(g: _Graph, name: str, inputs: tuple[str, str, str, str], w: np.ndarray, attrs: dict,
+                  acc: str, bias: np.ndarray | None = None) -> tuple[list[NodeProto], list[TensorProto]] | None:
+    """Nodes computing acc = conv(x - x_zp, w - w_zp) + bias in int32 from inputs (x, x_zp, w,
+    w_zp) as ConvInteger on int8 x - c (c = 128 for uint8 x, else 0), x padded with x_zp first,
+    plus the constant (c - x_zp) * rowsum(w) + bias: exact, without the per-call weight row sums
+    ConvInteger's int8 GEMM needs when X has a zero point (ResNet-50: ~25 MB of weights read and
+    summed every call). Only for zero weight zero points (symmetric int8 weights, as
+    onnxruntime's quantizer writes them), group 1 and explicit pads; else None."""
+    x, xz_name, w_name, wz_name = inputs
+    wz, xz = g.const(wz_name), g.const(xz_name)
+    if g.opset < 13 or wz is None or xz is None or xz.size != 1 or np.any(wz) \
+            or int(attrs.get("group", 1)) != 1 or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "", "VALID"):
+        return None
+    n = w.ndim - 2
+    pads = [0] * (2 * n) if attrs.get("auto_pad") == "VALID" else list(attrs.get("pads", [0] * (2 * n)))
+    shift = 128 if xz.dtype == np.uint8 else 0
+    offset = shift - int(xz.reshape(()))  # x - x_zp == (x - shift) + offset
+    nodes: list[NodeProto] = []
+    consts: list[TensorProto] = []
+    if any(pads):  # X padded with its zero point, before the shift (layout's Pad materializes it)
+        consts += [numpy_helper.from_array(np.array([0, 0, *pads[:n], 0, 0, *pads[n:]], np.int64),
+                                           acc + "__pads"),
+                   numpy_helper.from_array(xz.reshape(()), acc + "__fill")]
+        nodes.append(helper.make_node("Pad", [x, acc + "__pads", acc + "__fill"], [acc + "__xpad"]))
+        x = acc + "__xpad"
+    if shift:  # uint8 x - 128 fits int8
+        consts.append(numpy_helper.from_array(np.array(shift, np.int16), acc + "__shift"))
+        nodes += [helper.make_node("Cast", [x], [acc + "__x16"], to=TensorProto.INT16),
+                  helper.make_node("Sub", [acc + "__x16", acc + "__shift"], [acc + "__xc16"]),
+                  helper.make_node("Cast", [acc + "__xc16"], [acc + "__x8"], to=TensorProto.INT8)]
+        x = acc + "__x8"
+    kept = {k: v for k, v in attrs.items() if k not in ("pads", "auto_pad")}
+    total = w.reshape(w.shape[0], -1).astype(np.int64).sum(axis=1) * offset
+    if bias is not None:
+        total = total + bias.astype(np.int64)
+    if np.abs(total).max() >= 2**31:
+        return None
+    if not total.any():
+        nodes.append(helper.make_node("ConvInteger", [x, w_name], [acc], name=name, **kept))
+        return nodes, consts
+    nodes += [helper.make_node("ConvInteger", [x, w_name], [acc + "__conv"], name=name, **kept),
+              helper.make_node("Add", [acc + "__conv", acc + "__offset"], [acc])]
+    consts.append(numpy_helper.from_array(total.astype(np.int32).reshape((-1,) + (1,) * n), acc + "__offset"))
+    return nodes, consts
+
+
 def _rewrite(g: _Graph, conv: NodeProto) -> tuple[list[NodeProto], list[TensorProto]] | None:
     dx, dw = g.producer.get(conv.input[0]), g.producer.get(conv.input[1])
     if not (_dq(dx) and _dq(dw)) or dx is None or dw is None:
@@ -112,22 +165,48 @@ def _rewrite(g: _Graph, conv: NodeProto) -> tuple[list[NodeProto], list[TensorPr
     scale = (x_scale.reshape(()) * w_scale).astype(np.float32)  # one float32 rounding
     consts = [numpy_helper.from_array(scale.reshape((m,) + (1,) * (rank - 2)), y + "__oxla_scale")]
     attrs = {a.name: attribute_value(a) for a in conv.attribute}
-    nodes = [helper.make_node("ConvInteger", [dx.input[0], dw.input[0], dx.input[2], dw.input[2]],
-                              [y + "__oxla_acc"], name=conv.name + "__oxla_int", **attrs),
-             helper.make_node("Cast", [y + "__oxla_acc"], [y + "__oxla_f"], to=TensorProto.FLOAT),
-             helper.make_node("Mul", [y + "__oxla_f", y + "__oxla_scale"],
-                              [y + "__oxla_scaled" if bias is not None else y])]
+    centered = centered_conv(g, conv.name + "__oxla_int", (dx.input[0], dx.input[2], dw.input[0], dw.input[2]),
+                             w, attrs, y + "__oxla_acc")
+    if centered is None:
+        nodes = [helper.make_node("ConvInteger", [dx.input[0], dw.input[0], dx.input[2], dw.input[2]],
+                                  [y + "__oxla_acc"], name=conv.name + "__oxla_int", **attrs)]
+    else:
+        nodes, more = centered
+        consts += more
+    scaled = y + "__oxla_scaled" if bias is not None else y
+    if _acc_bound(w, g.const(dx.input[2])) < 2**29:
+        # |acc| < 2^29: acc * scale is exact in float64, so rounding it to float32 is the float32
+        # product, in one fusion with what follows (a float32 Mul must be materialized, or XLA
+        # contracts it with the Add into an FMA)
+        consts[0] = numpy_helper.from_array(scale.astype(np.float64).reshape((m,) + (1,) * (rank - 2)),
+                                            y + "__oxla_scale")
+        nodes += [helper.make_node("Cast", [y + "__oxla_acc"], [y + "__oxla_f"], to=TensorProto.DOUBLE),
+                  helper.make_node("Mul", [y + "__oxla_f", y + "__oxla_scale"], [y + "__oxla_f64"]),
+                  helper.make_node("Cast", [y + "__oxla_f64"], [scaled], to=TensorProto.FLOAT)]
+    else:
+        nodes += [helper.make_node("Cast", [y + "__oxla_acc"], [y + "__oxla_f"], to=TensorProto.FLOAT),
+                  helper.make_node("Mul", [y + "__oxla_f", y + "__oxla_scale"], [scaled])]
     if bias is not None:
         consts.append(numpy_helper.from_array(bias.reshape((m,) + (1,) * (rank - 2)), y + "__oxla_bias"))
         nodes.append(helper.make_node("Add", [y + "__oxla_scaled", y + "__oxla_bias"], [y]))
     return nodes, consts
 
 
+def _acc_bound(w: np.ndarray, x_zero_point: np.ndarray | None) -> float:
+    """The largest |conv(x - x_zp, w)| any 8-bit x can give (inf when x_zp is not known)."""
+    if x_zero_point is None or x_zero_point.size != 1:
+        return float("inf")
+    info = np.iinfo(x_zero_point.dtype)
+    z = int(x_zero_point.reshape(()))
+    rows = np.abs(w.reshape(w.shape[0], -1).astype(np.int64)).sum(axis=1)
+    return float(rows.max()) * max(z - int(info.min), int(info.max) - z)
+
+
 def qdq_conv_to_integer(model: ModelProto) -> int:
     """Rewrite DequantizeLinear -> Conv groups with constant 8-bit weights as ConvInteger; drop
     the DequantizeLinear nodes and initializers nothing reads any more. Returns how many."""
     graph = model.graph
-    g = _Graph(graph)
+    g = _Graph(graph, model_opsets(model.opset_import).get("", 0))
     out: list[NodeProto] = []
     count = 0
     for node in graph.node:

@@ -1,0 +1,91 @@
+"""QLinearConvCenteringPass: QLinearConv with constant symmetric 8-bit weights in ops that fold at load.
+
+QLinearConv is y = saturate(round(float32(acc) * M) + y_zp) with acc = conv(x - x_zp, w - w_zp)
++ B in int32 and M = x_scale * w_scale / y_scale rounded in float32 (MlasRequantizeOutput).
+Computed as written, the int8 GEMM behind acc needs the row sums of the weights on every call
+(x has a zero point). With constant weights and zero weight zero points it becomes
+
+    acc = ConvInteger(int8 x - c, w) + ((c - x_zp) * rowsum(w) + B)     (qdq_conv.centered_conv)
+    y   = QuantizeLinear(Cast(acc, float) * M, 1, y_zp)
+
+M and the constant computed once, at load: bit for bit the rule's result (qmath.requantize).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
+
+from oxla.graph import attribute_value, model_opsets, node_reads
+from oxla.passes.qdq_conv import _INT8, _acc_bound, _Graph, centered_conv
+
+
+def _scalar(v: np.ndarray | None, dtypes: tuple[np.dtype, ...]) -> bool:
+    return v is not None and v.size == 1 and v.dtype in dtypes
+
+
+def _rewrite(g: _Graph, node: NodeProto) -> tuple[list[NodeProto], list[TensorProto]] | None:
+    names = list(node.input) + [""] * (9 - len(node.input))
+    x, xs, xz, w_name, ws, wz, ys, yz, b = names
+    w = g.const(w_name)
+    scales = [g.const(n) for n in (xs, ws, ys)]
+    y_zp = g.const(yz)
+    f32 = (np.dtype(np.float32),)
+    if w is None or y_zp is None or w.dtype not in _INT8 or w.ndim < 3 or not _scalar(y_zp, _INT8) \
+            or not (_scalar(scales[0], f32) and _scalar(scales[2], f32)) or scales[1] is None \
+            or scales[1].dtype != np.float32 or scales[1].size not in (1, w.shape[0]):
+        return None
+    m, n = w.shape[0], w.ndim - 2
+    bias = g.const(b) if b else None
+    if b and (bias is None or bias.dtype != np.int32 or bias.size != m):
+        return None
+    y = node.output[0]
+    attrs = {a.name: attribute_value(a) for a in node.attribute}
+    acc = y + "__oxla_acc"
+    done = centered_conv(g, node.name + "__oxla_int", (x, xz, w_name, wz), w, attrs, acc,
+                         None if bias is None else bias.reshape(-1))
+    if done is None:
+        return None
+    nodes, consts = done
+    xs_v, ws_v, ys_v = (np.asarray(v, np.float32).reshape(-1) for v in scales)  # type: ignore[arg-type]
+    multiplier = (xs_v * ws_v) / ys_v  # float32 product, then float32 division: output_scale
+    # |acc| < 2^29: the product is exact in float64 and its float32 rounding is the float32 product
+    # (qdq_conv: fused with what follows, where a float32 Mul is materialized)
+    wide = _acc_bound(w, g.const(xz)) + (0 if bias is None else int(np.abs(bias.astype(np.int64)).max())) < 2**29
+    kind = (np.float64, TensorProto.DOUBLE) if wide else (np.float32, TensorProto.FLOAT)
+    consts += [numpy_helper.from_array(np.broadcast_to(multiplier, (m,)).astype(kind[0])
+                                       .reshape((m,) + (1,) * n), y + "__oxla_multiplier"),
+               numpy_helper.from_array(np.array(1.0, np.float32), y + "__oxla_one")]
+    nodes += [helper.make_node("Cast", [acc], [acc + "__f"], to=kind[1]),
+              helper.make_node("Mul", [acc + "__f", y + "__oxla_multiplier"], [acc + "__scaled"])]
+    if wide:
+        nodes.append(helper.make_node("Cast", [acc + "__scaled"], [acc + "__scaled32"], to=TensorProto.FLOAT))
+    # QuantizeLinear by 1 is qmath.requantize's saturate(round(v) + zp) (v / 1 is exact)
+    nodes.append(helper.make_node("QuantizeLinear", [acc + ("__scaled32" if wide else "__scaled"),
+                                                     y + "__oxla_one", yz], [y]))
+    return nodes, consts
+
+
+def qlinear_conv_centered(model: ModelProto) -> int:
+    """Rewrite the ai.onnx QLinearConv nodes of the top-level graph that qualify; returns how many."""
+    graph = model.graph
+    g = _Graph(graph, model_opsets(model.opset_import).get("", 0))
+    out: list[NodeProto] = []
+    extra: list[TensorProto] = []
+    count = 0
+    for node in graph.node:
+        done = _rewrite(g, node) if node.op_type == "QLinearConv" and node.domain in ("", "ai.onnx") else None
+        if done is None:
+            out.append(node)
+            continue
+        out.extend(done[0])
+        extra.extend(done[1])
+        count += 1
+    if count:
+        del graph.node[:]
+        graph.node.extend(out)
+        read = set().union(*(node_reads(n) for n in out)) | {o.name for o in graph.output}
+        kept = [t for t in graph.initializer if t.name in read]  # the old zero points and scales go
+        del graph.initializer[:]
+        graph.initializer.extend(kept + extra)
+    return count
