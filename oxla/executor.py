@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from oxla.cpu_client import inline_device
+from oxla.cpu_client import compiler_options, inline_device
 from oxla.errors import InputError, LoweringError, OxlaError, ResourceError, ShapeError
 from oxla.lowering.context import NeedStatic, Scope
 from oxla.lowering.interpreter import Interpreter
@@ -291,11 +291,11 @@ class Executor:
         lowered = jax.jit(segment).lower(*specs)
         call = None
         if record["outputs"] or record["checks"]:  # no traced outputs, no checks: no XLA
+            nodes = plan.nodes[pos:len(plan.nodes) if record["stop"] is None else record["stop"]]
             try:
-                compiled = lowered.compile()
+                compiled = lowered.compile(compiler_options(self.device, (n.op_type for n in nodes)))
             except jax.errors.JaxRuntimeError as e:
-                raise _compile_error(e, plan.nodes[pos:len(plan.nodes) if record["stop"] is None
-                                                   else record["stop"]]) from None
+                raise _compile_error(e, nodes) from None
             call = _entry(compiled)
             with self._stats_lock:
                 self._compiles += 1
