@@ -23,14 +23,17 @@ import jax
 
 ENABLED = True   # False: the executor uses JAX's default device (benchmarks compare the two)
 
-# XLA:CPU's YNNPACK fusions (on by default in jax 0.12) are off for oxla's compiles except where a
-# recurrent loop runs: measured on the benchmark suite at one thread (oxla/onnxruntime, fusions
-# on -> off): ResNet-50 1.57 -> 1.23x, BERT-base 1.09 -> 0.99x, ViT-S 1.14 -> 1.04x, ShuffleNetV2
-# 1.42 -> 1.23x, the rest of the CNNs equal; but the bi-GRU 1.10 -> 3.14x (the per-step
-# matrix-vector product inside the scan is slow without them). OXLA_YNN_FUSIONS=1 keeps them on
-# everywhere, =0 off everywhere (for measuring).
+# XLA:CPU's YNNPACK fusions (on by default in jax 0.12) are off for oxla's float compiles, and on
+# where a recurrent loop runs or integer arithmetic is done. Measured at one thread, oxla over
+# onnxruntime, fusions on -> off: ResNet-50 1.57 -> 1.23x, BERT-base 1.09 -> 0.99x, ViT-S 1.14 ->
+# 1.04x, ShuffleNetV2 1.42 -> 1.23x, the other CNNs equal; but a bi-GRU 1.10 -> 3.14x (the
+# per-step matrix-vector product in the scan), and at default threads int8 ResNet-50 (QDQ)
+# 3.1 -> 13x (XLA's own integer dot is slow). OXLA_YNN_FUSIONS=1 keeps them on everywhere, =0
+# off everywhere (for measuring).
 YNN_FUSIONS = os.environ.get("OXLA_YNN_FUSIONS", "")
-RECURRENT = frozenset({"RNN", "GRU", "LSTM", "Scan", "Loop", "DynamicQuantizeLSTM"})
+KEEP_YNN = frozenset({"RNN", "GRU", "LSTM", "Scan", "Loop", "ConvInteger", "MatMulInteger"})
+KEEP_YNN_PREFIXES = ("QLinear", "DynamicQuantize", "MatMulInteger", "QGemm", "QAttention",
+                     "MatMulNBits", "QOrdered")
 
 _LOCK = threading.Lock()
 _DEVICE: list[Any] = []
@@ -60,7 +63,7 @@ def _make() -> Any:
 
 def compiler_options(device: Any, op_types: Iterable[str]) -> dict[str, Any]:
     """XLA options for compiling a segment of these ops on `device` (see YNN_FUSIONS)."""
-    if device.platform != "cpu" or YNN_FUSIONS == "1" or \
-            (YNN_FUSIONS != "0" and not RECURRENT.isdisjoint(op_types)):
+    if device.platform != "cpu" or YNN_FUSIONS == "1" or (YNN_FUSIONS != "0" and any(
+            op in KEEP_YNN or op.startswith(KEEP_YNN_PREFIXES) for op in op_types)):
         return {}
     return {"xla_cpu_experimental_ynn_fusion_type": ""}
