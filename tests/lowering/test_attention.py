@@ -160,11 +160,12 @@ def test_flex_attention_float64_computes_in_float64() -> None:
 
 
 def test_jit_reuses_attention_compile() -> None:
-    # the rule is pure jnp: it composes with the caller's jit
+    # the rule is pure jnp: it composes with the caller's jit. The caller's compile keeps XLA's
+    # default fusions and oxla's does not (oxla.cpu_client): float32 rounding orders differ
     compiled = oxla.compile(node_model("Attention", {"q": Q4, "k": K4, "v": V4}))
     f = jax.jit(lambda q: compiled.fn(compiled.params, {"q": q, "k": K4, "v": V4})["y"])
     np.testing.assert_allclose(f(Q4), run_oxla(node_model("Attention", {"q": Q4, "k": K4, "v": V4}),
-                                               {"q": Q4, "k": K4, "v": V4})[0], rtol=1e-6)
+                                               {"q": Q4, "k": K4, "v": V4})[0], rtol=1e-5, atol=1e-6)
 
 
 def test_attention_fully_masked_row_has_finite_gradient() -> None:
