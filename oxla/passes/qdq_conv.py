@@ -174,32 +174,20 @@ def _rewrite(g: _Graph, conv: NodeProto) -> tuple[list[NodeProto], list[TensorPr
         nodes, more = centered
         consts += more
     scaled = y + "__oxla_scaled" if bias is not None else y
-    if _acc_bound(w, g.const(dx.input[2])) < 2**29:
-        # |acc| < 2^29: acc * scale is exact in float64, so rounding it to float32 is the float32
-        # product, in one fusion with what follows (a float32 Mul must be materialized, or XLA
-        # contracts it with the Add into an FMA)
-        consts[0] = numpy_helper.from_array(scale.astype(np.float64).reshape((m,) + (1,) * (rank - 2)),
-                                            y + "__oxla_scale")
-        nodes += [helper.make_node("Cast", [y + "__oxla_acc"], [y + "__oxla_f"], to=TensorProto.DOUBLE),
-                  helper.make_node("Mul", [y + "__oxla_f", y + "__oxla_scale"], [y + "__oxla_f64"]),
-                  helper.make_node("Cast", [y + "__oxla_f64"], [scaled], to=TensorProto.FLOAT)]
-    else:
-        nodes += [helper.make_node("Cast", [y + "__oxla_acc"], [y + "__oxla_f"], to=TensorProto.FLOAT),
-                  helper.make_node("Mul", [y + "__oxla_f", y + "__oxla_scale"], [scaled])]
+    # float32(acc) * scale computed in float64 (exact: 24-bit by 24-bit) and rounded to float32 is
+    # the float32 product, but lets XLA fuse it with what follows (a float32 Mul must be
+    # materialized, or XLA contracts it with the Add into an FMA). acc goes through float32 first:
+    # above 2^24 that rounding is part of the float32 arithmetic
+    consts[0] = numpy_helper.from_array(scale.astype(np.float64).reshape((m,) + (1,) * (rank - 2)),
+                                        y + "__oxla_scale")
+    nodes += [helper.make_node("Cast", [y + "__oxla_acc"], [y + "__oxla_f"], to=TensorProto.FLOAT),
+              helper.make_node("Cast", [y + "__oxla_f"], [y + "__oxla_d"], to=TensorProto.DOUBLE),
+              helper.make_node("Mul", [y + "__oxla_d", y + "__oxla_scale"], [y + "__oxla_f64"]),
+              helper.make_node("Cast", [y + "__oxla_f64"], [scaled], to=TensorProto.FLOAT)]
     if bias is not None:
         consts.append(numpy_helper.from_array(bias.reshape((m,) + (1,) * (rank - 2)), y + "__oxla_bias"))
         nodes.append(helper.make_node("Add", [y + "__oxla_scaled", y + "__oxla_bias"], [y]))
     return nodes, consts
-
-
-def _acc_bound(w: np.ndarray, x_zero_point: np.ndarray | None) -> float:
-    """The largest |conv(x - x_zp, w)| any 8-bit x can give (inf when x_zp is not known)."""
-    if x_zero_point is None or x_zero_point.size != 1:
-        return float("inf")
-    info = np.iinfo(x_zero_point.dtype)
-    z = int(x_zero_point.reshape(()))
-    rows = np.abs(w.reshape(w.shape[0], -1).astype(np.int64)).sum(axis=1)
-    return float(rows.max()) * max(z - int(info.min), int(info.max) - z)
 
 
 def qdq_conv_to_integer(model: ModelProto) -> int:
