@@ -14,6 +14,7 @@ Arrays from the user's devices are accepted as feeds (XLA copies them over, memo
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Iterable
@@ -62,8 +63,25 @@ def _make() -> Any:
 
 
 def compiler_options(device: Any, op_types: Iterable[str]) -> dict[str, Any]:
-    """XLA options for compiling a segment of these ops on `device` (see YNN_FUSIONS)."""
-    if device.platform != "cpu" or YNN_FUSIONS == "1" or (YNN_FUSIONS != "0" and any(
-            op in KEEP_YNN or op.startswith(KEEP_YNN_PREFIXES) for op in op_types)):
+    """XLA options for compiling a segment of these ops on `device` (see YNN_FUSIONS).
+
+    On a CPU with AVX-512, loops are vectorized 512 bits wide (XLA:CPU prefers 256): at one
+    thread MobileNetV3-small 2.55 -> 2.35 ms, EfficientNet-B0 13.6 -> 13.1 ms, ResNet-50 65 -> 62
+    ms, ShuffleNetV2 4.5 -> 4.3 ms; BERT/ViT/GRU unchanged."""
+    if device.platform != "cpu":
         return {}
-    return {"xla_cpu_experimental_ynn_fusion_type": ""}
+    options: dict[str, Any] = {"xla_cpu_prefer_vector_width": 512} if _avx512() else {}
+    if YNN_FUSIONS == "1" or (YNN_FUSIONS != "0" and any(
+            op in KEEP_YNN or op.startswith(KEEP_YNN_PREFIXES) for op in op_types)):
+        return options
+    return {**options, "xla_cpu_experimental_ynn_fusion_type": ""}
+
+
+@functools.cache
+def _avx512() -> bool:
+    """Whether this CPU has AVX-512 (Linux: /proc/cpuinfo; elsewhere assume not)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            return any(line.startswith("flags") and " avx512f" in line for line in f)
+    except OSError:
+        return False
