@@ -14,7 +14,6 @@ Arrays from the user's devices are accepted as feeds (XLA copies them over, memo
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 from collections.abc import Iterable
@@ -22,7 +21,7 @@ from typing import Any
 
 import jax
 
-ENABLED = True   # False: the executor uses JAX's default device (benchmarks compare the two)
+from oxla.host import has_avx512
 
 # XLA:CPU's YNNPACK fusions (on by default in jax 0.12) are off for oxla's float compiles, and on
 # where a recurrent loop runs or integer arithmetic is done. Measured at one thread, oxla over
@@ -42,9 +41,7 @@ _DEVICE: list[Any] = []
 
 def inline_device() -> Any:
     """The CPU device of oxla's synchronous client, made on first use; JAX's own first CPU
-    device when that client cannot be made (or ENABLED is False)."""
-    if not ENABLED:
-        return jax.devices("cpu")[0]
+    device when that client cannot be made."""
     if not _DEVICE:
         with _LOCK:
             if not _DEVICE:
@@ -70,18 +67,9 @@ def compiler_options(device: Any, op_types: Iterable[str]) -> dict[str, Any]:
     ms, ShuffleNetV2 4.5 -> 4.3 ms; BERT/ViT/GRU unchanged."""
     if device.platform != "cpu":
         return {}
-    options: dict[str, Any] = {"xla_cpu_prefer_vector_width": 512} if _avx512() else {}
+    options: dict[str, Any] = {"xla_cpu_prefer_vector_width": 512} if has_avx512() else {}
     if YNN_FUSIONS == "1" or (YNN_FUSIONS != "0" and any(
             op in KEEP_YNN or op.startswith(KEEP_YNN_PREFIXES) for op in op_types)):
         return options
     return {**options, "xla_cpu_experimental_ynn_fusion_type": ""}
 
-
-@functools.cache
-def _avx512() -> bool:
-    """Whether this CPU has AVX-512 (Linux: /proc/cpuinfo; elsewhere assume not)."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            return any(line.startswith("flags") and " avx512f" in line for line in f)
-    except OSError:
-        return False

@@ -58,6 +58,16 @@ def is_regular(path: str | os.PathLike[str]) -> bool:
 
 @functools.cache
 @functools.cache
+def has_avx512() -> bool:
+    """Whether this CPU has AVX-512 (Linux: /proc/cpuinfo; elsewhere assume not)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            return any(line.startswith("flags") and " avx512f" in line for line in f)
+    except OSError:
+        return False
+
+
+@functools.cache
 def machine_memory() -> int:
     """Physical memory in bytes (the default limit for one value)."""
     try:

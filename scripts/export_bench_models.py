@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import torch
+from export_models import _randomize_bn  # scripts/ is on sys.path when run as a script
 from onnx import TensorProto, helper
 from torch import nn
 from torch.nn import functional as F
@@ -386,15 +387,6 @@ SUITE: dict[str, Spec] = {
                   ["last_hidden_state", "pooled"], {}),
     "vit_s16": (_vit, lambda: {"pixel_values": _image()["image"]}, ["last_hidden_state", "pooled"], {}),
 }
-
-
-def _randomize_bn(model: nn.Module) -> None:
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            m.running_mean.uniform_(-0.2, 0.2)
-            m.running_var.uniform_(0.5, 1.5)
-            m.weight.data.uniform_(0.5, 1.5)
-            m.bias.data.uniform_(-0.2, 0.2)
 
 
 def _int64(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -149,6 +149,21 @@ def centered_conv(g: _Graph, name: str, inputs: tuple[str, str, str, str], w: np
     return nodes, consts
 
 
+def float32_product(acc: str, scale: np.ndarray, scale_name: str, out: str
+                    ) -> tuple[list[NodeProto], TensorProto]:
+    """Nodes computing out = float32(acc) * scale, the float32 product, as float32(float64(
+    float32(acc)) * float64(scale)): 24 by 24 bits is exact in float64, so rounding once to float32
+    gives the float32 product, and XLA fuses it with what follows (a float32 Mul must be
+    materialized, or XLA contracts it with a following Add into an FMA). acc goes through float32
+    first: above 2^24 that rounding is part of the float32 arithmetic. Returns (nodes, the scale
+    initializer)."""
+    nodes = [helper.make_node("Cast", [acc], [acc + "__f"], to=TensorProto.FLOAT),
+             helper.make_node("Cast", [acc + "__f"], [acc + "__d"], to=TensorProto.DOUBLE),
+             helper.make_node("Mul", [acc + "__d", scale_name], [acc + "__f64"]),
+             helper.make_node("Cast", [acc + "__f64"], [out], to=TensorProto.FLOAT)]
+    return nodes, numpy_helper.from_array(scale.astype(np.float64), scale_name)
+
+
 def _rewrite(g: _Graph, conv: NodeProto) -> tuple[list[NodeProto], list[TensorProto]] | None:
     dx, dw = g.producer.get(conv.input[0]), g.producer.get(conv.input[1])
     if not (_dq(dx) and _dq(dw)) or dx is None or dw is None:
@@ -163,7 +178,7 @@ def _rewrite(g: _Graph, conv: NodeProto) -> tuple[list[NodeProto], list[TensorPr
         return None
     y = conv.output[0]
     scale = (x_scale.reshape(()) * w_scale).astype(np.float32)  # one float32 rounding
-    consts = [numpy_helper.from_array(scale.reshape((m,) + (1,) * (rank - 2)), y + "__oxla_scale")]
+    consts: list[TensorProto] = []
     attrs = {a.name: attribute_value(a) for a in conv.attribute}
     centered = centered_conv(g, conv.name + "__oxla_int", (dx.input[0], dx.input[2], dw.input[0], dw.input[2]),
                              w, attrs, y + "__oxla_acc")
@@ -174,16 +189,10 @@ def _rewrite(g: _Graph, conv: NodeProto) -> tuple[list[NodeProto], list[TensorPr
         nodes, more = centered
         consts += more
     scaled = y + "__oxla_scaled" if bias is not None else y
-    # float32(acc) * scale computed in float64 (exact: 24-bit by 24-bit) and rounded to float32 is
-    # the float32 product, but lets XLA fuse it with what follows (a float32 Mul must be
-    # materialized, or XLA contracts it with the Add into an FMA). acc goes through float32 first:
-    # above 2^24 that rounding is part of the float32 arithmetic
-    consts[0] = numpy_helper.from_array(scale.astype(np.float64).reshape((m,) + (1,) * (rank - 2)),
-                                        y + "__oxla_scale")
-    nodes += [helper.make_node("Cast", [y + "__oxla_acc"], [y + "__oxla_f"], to=TensorProto.FLOAT),
-              helper.make_node("Cast", [y + "__oxla_f"], [y + "__oxla_d"], to=TensorProto.DOUBLE),
-              helper.make_node("Mul", [y + "__oxla_d", y + "__oxla_scale"], [y + "__oxla_f64"]),
-              helper.make_node("Cast", [y + "__oxla_f64"], [scaled], to=TensorProto.FLOAT)]
+    more_nodes, scale_const = float32_product(y + "__oxla_acc", scale.reshape((m,) + (1,) * (rank - 2)),
+                                              y + "__oxla_scale", scaled)
+    nodes += more_nodes
+    consts.append(scale_const)
     if bias is not None:
         consts.append(numpy_helper.from_array(bias.reshape((m,) + (1,) * (rank - 2)), y + "__oxla_bias"))
         nodes.append(helper.make_node("Add", [y + "__oxla_scaled", y + "__oxla_bias"], [y]))

@@ -17,7 +17,7 @@ import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from oxla.graph import attribute_value, model_opsets, node_reads
-from oxla.passes.qdq_conv import _INT8, _Graph, centered_conv
+from oxla.passes.qdq_conv import _INT8, _Graph, centered_conv, float32_product
 
 
 def _scalar(v: np.ndarray | None, dtypes: tuple[np.dtype, ...]) -> bool:
@@ -49,15 +49,11 @@ def _rewrite(g: _Graph, node: NodeProto) -> tuple[list[NodeProto], list[TensorPr
     nodes, consts = done
     xs_v, ws_v, ys_v = (np.asarray(v, np.float32).reshape(-1) for v in scales)  # type: ignore[arg-type]
     multiplier = (xs_v * ws_v) / ys_v  # float32 product, then float32 division: output_scale
-    # float32(acc) * M in float64 (exact: 24-bit by 24-bit), rounded to float32: the float32
-    # product (qdq_conv: fused with what follows, where a float32 Mul is materialized)
-    consts += [numpy_helper.from_array(np.broadcast_to(multiplier, (m,)).astype(np.float64)
-                                       .reshape((m,) + (1,) * n), y + "__oxla_multiplier"),
-               numpy_helper.from_array(np.array(1.0, np.float32), y + "__oxla_one")]
-    nodes += [helper.make_node("Cast", [acc], [acc + "__f"], to=TensorProto.FLOAT),
-              helper.make_node("Cast", [acc + "__f"], [acc + "__d"], to=TensorProto.DOUBLE),
-              helper.make_node("Mul", [acc + "__d", y + "__oxla_multiplier"], [acc + "__scaled"]),
-              helper.make_node("Cast", [acc + "__scaled"], [acc + "__scaled32"], to=TensorProto.FLOAT)]
+    product, multiplier_const = float32_product(
+        acc, np.broadcast_to(multiplier, (m,)).reshape((m,) + (1,) * n), y + "__oxla_multiplier",
+        acc + "__scaled32")
+    nodes += product
+    consts += [multiplier_const, numpy_helper.from_array(np.array(1.0, np.float32), y + "__oxla_one")]
     # QuantizeLinear by 1 is qmath.requantize's saturate(round(v) + zp) (v / 1 is exact)
     nodes.append(helper.make_node("QuantizeLinear", [acc + "__scaled32", y + "__oxla_one", yz], [y]))
     return nodes, consts

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from oxla.lowering.common import axis_index, check_size
+from oxla.lowering.common import axis_index, check_size, xp
 from oxla.lowering.registry import rule
 
 
@@ -23,9 +23,8 @@ def _wrap(cx, indices, size: int | np.ndarray, what: str = "indices"):
         witness = indices.reshape(-1)[jnp.argmin(ok)]
         cx.check(ok, f"{what} out of range for size {size} (valid: {-int(n)}..{int(n) - 1}), "
                      "got {witness}", witness)
-    if isinstance(indices, np.ndarray):  # static (a host step, a constant): no JAX dispatch
-        return np.where(indices < 0, indices + np.asarray(size, np.int64), indices)
-    return jnp.where(indices < 0, indices + jnp.asarray(size, jnp.int64), indices)
+    lib = xp(indices)  # numpy for static indices (a host step, a constant): no JAX dispatch
+    return lib.where(indices < 0, indices + lib.asarray(size, lib.int64), indices)
 
 
 def _element_index(cx, indices, axis: int, size: int) -> tuple:
