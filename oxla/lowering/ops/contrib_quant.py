@@ -75,7 +75,7 @@ def qlinear_add(cx, A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale,
     # vector + vector: fma(x, rx, fma(y, ry, fixed)); a scalar y folds into the constant part
     # first, by the same FMA
     v = qmath.fma32(x.astype(F32), rx, qmath.fma32(y.astype(F32), ry, fixed))
-    return qmath.convert_saturate(v, np.dtype(A.dtype))
+    return qmath.convert_saturate(v, np.dtype(A.dtype), rounded=True)
 
 
 @rule("QLinearMul", since=1, domain=MS)
@@ -88,7 +88,7 @@ def qlinear_mul(cx, A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale,
     b = B.astype(I32) - (0 if B_zero_point is None else B_zero_point.reshape(()).astype(I32))
     # |a * b| <= 65025 is exact in float32; the zero point is added in float32 before rounding
     v = qmath.mul32((a * b).astype(F32), ratio) + _zero_point(C_zero_point)
-    return qmath.convert_saturate(v, np.dtype(A.dtype))
+    return qmath.convert_saturate(v, np.dtype(A.dtype), rounded=True)
 
 
 # --- QGemm, MatMulIntegerToFloat, DynamicQuantizeMatMul ------------------------------------------
@@ -222,7 +222,7 @@ def _softmax_rows(x, x_scale, y_scale, y_zero_point):
     ys = jnp.floor(qmath.div32(jnp.float32(1), y_scale.reshape(())))
     scale = qmath.mul32(qmath.div32(jnp.float32(1), _lane_sum(e)), ys)
     v = qmath.fma32(e, scale, _zero_point(y_zero_point))
-    return qmath.convert_saturate(v, np.dtype(x.dtype))
+    return qmath.convert_saturate(v, np.dtype(x.dtype), rounded=True)
 
 
 @rule("QLinearSoftmax", since=1, domain=MS)
@@ -327,7 +327,7 @@ def qlinear_average_pool(cx, X, x_scale, x_zero_point, y_scale, y_zero_point=Non
     else:
         counts = _counts(win, 0).astype(np.float32)
     y = qmath.div32(qmath.div32(total, jnp.asarray(counts)), y_scale.reshape(()))
-    y = qmath.convert_saturate(y + _zero_point(y_zero_point), np.dtype(X.dtype))
+    y = qmath.convert_saturate(y + _zero_point(y_zero_point), np.dtype(X.dtype), rounded=True)
     return jnp.moveaxis(y, 1, -1) if channels_last else y
 
 

@@ -119,8 +119,12 @@ def dequantize_linear(cx, x, x_scale, x_zero_point=None, *, axis=1, block_size=0
         dx = dx - _param(cx, "x_zero_point", x_zero_point, x.shape, axis, block_size).astype(sub)
     dx = dx.astype(wide)
     scale = _param(cx, "x_scale", x_scale, x.shape, axis, block_size).astype(wide)
-    # rounded to float32 here, so that XLA cannot fuse the product into an FMA with a later Add
-    return (qmath.mul32(dx, scale) if wide == jnp.float32 else dx * scale).astype(out)
+    # rounded to float32 here (stored), so that XLA cannot fuse the product into an FMA with a
+    # later Add
+    y = dx * scale
+    if wide == jnp.float32 and not isinstance(y, (np.ndarray, np.generic)):
+        y = qmath.stored(y)
+    return y.astype(out)
 
 
 @rule("DynamicQuantizeLinear", since=11)
