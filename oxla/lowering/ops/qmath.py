@@ -116,13 +116,15 @@ def convert_saturate(v, dtype, zero_point=None, *, rounded: bool = False):
         z = 0 if zero_point is None else zero_point.astype(F32)
         q = jnp.where(v > lo - z, v, lo - z)
         i = _round_clamped(jnp.where(q < hi - z, q, hi - z), rounded)
+        if zero_point is None:  # NaN and v < -2^31 clamp low, as INT32_MIN does; v >= 2^31 (INT32_MIN
+            # in the kernel) would clamp high
+            return output(jnp.where(v >= 2.0**31, np.int32(lo), i).astype(dtype))
         big = ~(jnp.abs(v) < 2.0**30)
         bad = ~(v >= -(2.0**31)) | (v >= 2.0**31)  # NaN too; no float32 lies within 0.5 of 2^31
         j = jnp.where(bad | ~big, -(2.0**31), v).astype(I32)
-        if zero_point is not None:
-            i = i + zero_point.astype(I32)
-            j = j + zero_point.astype(I32)  # wraps as the kernel's int32 add does
-        return output(jnp.where(big, jnp.clip(j, lo, hi), i).astype(dtype))
+        i = i + zero_point.astype(I32)
+        far = jnp.clip(j + zero_point.astype(I32), lo, hi)  # wraps as the kernel's int32 add does
+        return output(jnp.where(big, far, i).astype(dtype))
     r = jnp.round(v)
     bad = jnp.isnan(v) | (r >= 2.0**31) | (r < -(2.0**31))
     i = jnp.where(bad, -(2.0**31), r).astype(I32)
