@@ -25,6 +25,7 @@ from oxla.passes.qdq_conv import qdq_conv_to_integer
 from oxla.passes.qlinear_conv import qlinear_conv_centered
 from oxla.passes.static_inputs import required_static
 from oxla.passes.weight_layout import conv_weights_to_hwio, gemm_weights_to_kn
+from oxla.passes.winograd import convs_to_winograd
 
 # Integer and bool initializers up to this size are compile-time constants by default: they are
 # almost always shapes, axes or indices that rules need static.
@@ -76,6 +77,7 @@ def prepare(model: ModelProto, options: Options) -> DispatchTable:
             gemm_weights_to_kn(model)
             if options.channels_last:
                 convs_to_channels_last(model)
+                convs_to_winograd(model)
     return table
 
 

@@ -1,0 +1,124 @@
+"""WinogradPass: wide channels-last 3x3 convolutions with constant kernels run as Winograd F(2x2, 3x3).
+
+After ChannelsLastPass, an `oxla.channels_last::Conv` with a constant float32 3x3 kernel, stride
+1, dilation 1, group 1, padding 1 on every side, and at least MIN_CHANNELS input and output
+channels becomes `oxla.winograd::Conv`, reading the kernel's Winograd transform U = G g G^T
+(4, 4, C, M), made here once (the rule: oxla/lowering/ops/winograd.py). The kernel itself is
+dropped where nothing else reads it. Narrower layers stay XLA's convolution: at 64 channels and
+56x56 the two take the same time.
+
+The planned model stays a valid ONNX model: the op has a model-local function body that turns
+U back into the kernel (g = P U P^T, P G = I) and runs the standard Conv between transposes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import FunctionProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
+
+from oxla.graph import attribute_value, model_opsets, node_reads, tensor_value
+from oxla.lowering.ops.winograd import DOMAIN, P, kernel_transform
+from oxla.passes.channels_last import DOMAIN as LAST
+from oxla.passes.channels_last import TO_FIRST, TO_LAST
+
+SUFFIX = "__oxla_winograd"
+MIN_CHANNELS = 64
+
+
+def _eligible(node: NodeProto) -> bool:
+    attrs = {a.name: attribute_value(a) for a in node.attribute}
+    if attrs.get("group", 1) != 1 or any(s != 1 for s in attrs.get("strides", [1, 1])) \
+            or any(d != 1 for d in attrs.get("dilations", [1, 1])) \
+            or list(attrs.get("kernel_shape", [3, 3])) != [3, 3]:
+        return False
+    auto_pad = attrs.get("auto_pad", "NOTSET")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        return True  # 3x3 at stride 1: one on each side
+    return auto_pad in ("NOTSET", "") and list(attrs.get("pads", [0, 0, 0, 0])) == [1, 1, 1, 1]
+
+
+def _hwio(model: ModelProto, node: NodeProto, producers: dict[str, NodeProto],
+          inits: dict[str, TensorProto]) -> tuple[np.ndarray, list[str]] | None:
+    """The (3, 3, C, M) kernel of `node` and the names it came from (a Transpose of WeightLayoutPass's
+    HWIO initializer, or an OIHW initializer), or None."""
+    name = node.input[1]
+    if name in inits:
+        oihw = tensor_value(name, lambda: numpy_helper.to_array(inits[name]))
+        return (np.transpose(oihw, (2, 3, 1, 0)) if oihw.ndim == 4 else oihw), [name]
+    producer = producers.get(name)
+    if producer is None or producer.op_type != "Transpose" or producer.input[0] not in inits:
+        return None
+    perm = [int(p) for p in attribute_value(producer.attribute[0])] if producer.attribute else []
+    if perm != [3, 2, 0, 1]:
+        return None
+    source = producer.input[0]
+    value = tensor_value(source, lambda: numpy_helper.to_array(inits[source]))
+    return value, [name, source]
+
+
+def convs_to_winograd(model: ModelProto) -> int:
+    """Rewrite the eligible channels-last Convs of the main graph; returns how many."""
+    graph = model.graph
+    fed = {i.name for i in graph.input}
+    inits = {t.name: t for t in graph.initializer if t.name not in fed}
+    producers = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, int] = {}
+    for n in graph.node:
+        for name in node_reads(n):
+            readers[name] = readers.get(name, 0) + 1
+    outputs = {o.name for o in graph.output}
+    count = 0
+    for node in graph.node:
+        if node.op_type != "Conv" or node.domain != LAST or len(node.input) < 2 or not _eligible(node):
+            continue
+        found = _hwio(model, node, producers, inits)
+        if found is None:
+            continue
+        hwio, names = found
+        if hwio.dtype != np.float32 or hwio.shape[:2] != (3, 3) \
+                or min(hwio.shape[2], hwio.shape[3]) < MIN_CHANNELS \
+                or any(readers.get(n, 0) != 1 or n in outputs for n in names):
+            continue
+        u_name = names[-1] + SUFFIX
+        graph.initializer.append(numpy_helper.from_array(kernel_transform(hwio), u_name))
+        node.input[1] = u_name
+        node.domain = DOMAIN
+        del node.attribute[:]
+        count += 1
+        for n in names:
+            readers[n] = 0
+    if not count:
+        return 0
+    dead = {n for n, k in readers.items() if k == 0}
+    kept = [n for n in graph.node if not (n.op_type == "Transpose" and n.output[0] in dead)]
+    del graph.node[:]
+    graph.node.extend(kept)
+    live = [t for t in graph.initializer if t.name not in dead]
+    del graph.initializer[:]
+    graph.initializer.extend(live)
+    opsets = model_opsets(model.opset_import)
+    if DOMAIN not in opsets:
+        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    if (DOMAIN, "Conv") not in {(f.domain, f.name) for f in model.functions}:
+        model.functions.append(_body(opsets.get("", 11)))
+        model.ir_version = max(model.ir_version, 8)
+    return count
+
+
+def _body(opset: int) -> FunctionProto:
+    """The op as standard ONNX: g = P U P^T, OIHW, then Conv between transposes."""
+    p = numpy_helper.from_array(P.astype(np.float32), "P")
+    pt = numpy_helper.from_array(np.ascontiguousarray(P.T.astype(np.float32)), "PT")
+    nodes = [
+        helper.make_node("Constant", [], ["P"], value=p),
+        helper.make_node("Constant", [], ["PT"], value=pt),
+        helper.make_node("Transpose", ["U"], ["U_cm"], perm=[2, 3, 0, 1]),    # (C, M, 4, 4)
+        helper.make_node("MatMul", ["P", "U_cm"], ["left"]),                   # (C, M, 3, 4)
+        helper.make_node("MatMul", ["left", "PT"], ["g_cm"]),                  # (C, M, 3, 3)
+        helper.make_node("Transpose", ["g_cm"], ["W"], perm=[1, 0, 2, 3]),     # OIHW
+        helper.make_node("Transpose", ["X"], ["X_first"], perm=list(TO_FIRST)),
+        helper.make_node("Conv", ["X_first", "W", "B"], ["Y_first"], pads=[1, 1, 1, 1]),
+        helper.make_node("Transpose", ["Y_first"], ["Y"], perm=list(TO_LAST)),
+    ]
+    return helper.make_function(DOMAIN, "Conv", ["X", "U", "B"], ["Y"], nodes,
+                                [helper.make_opsetid("", opset)])
