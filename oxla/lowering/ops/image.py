@@ -363,9 +363,10 @@ def _settles_nothing() -> Any:
       static=("max_output_boxes_per_class", "iou_threshold", "score_threshold"))
 def non_max_suppression_ranked(cx, boxes, scores, max_output_boxes_per_class, iou_threshold,
                                score_threshold=None, *, center_point_box=0):
-    """(batches * classes, 1 + K) hint: per (batch, class), 1 where its K best-scored boxes settle
-    greedy NMS, then the indices it keeps among them in order, -1 elsewhere; [[-1]] when not
-    computed (shapes or sizes outside what it handles; the host op then runs the whole NMS)."""
+    """(1 + batches * classes * limit, 3) hint: [1, count, 0] when every (batch, class)'s K
+    best-scored boxes settle greedy NMS, then NonMaxSuppression's `count` rows [batch, class, box]
+    (padding after them); [[-1]] when something is not settled or not computed (shapes or sizes
+    outside what it handles): the host op then runs the whole NMS."""
     if (center_point_box not in (0, 1) or boxes.ndim != 3 or boxes.shape[2] != 4 or scores.ndim != 3
             or scores.shape[::2] != boxes.shape[:2] or not jnp.issubdtype(boxes.dtype, jnp.floating)):
         return _settles_nothing()
@@ -391,8 +392,14 @@ def non_max_suppression_ranked(cx, boxes, scores, max_output_boxes_per_class, io
     settled = (place[:, -1] >= limit) | (valid.sum(axis=1) <= k)
     if min_score is None:
         settled &= ~jnp.isnan(flat).any(axis=1)
-    kept = jnp.where(keep & (place <= limit), order, -1).astype(jnp.int64)
-    return jnp.concatenate([settled.astype(jnp.int64)[:, None], kept], axis=1)
+    # the kept boxes' rows, compacted in (batch, class, rank) order: the host only slices them
+    take = (keep & (place <= limit)).reshape(-1)
+    slot = jnp.where(take, jnp.cumsum(take) - 1, rows * limit)
+    row = jnp.repeat(jnp.arange(rows), k)
+    found = jnp.stack([row // classes, row % classes, order.reshape(-1)], axis=1).astype(jnp.int64)
+    selected = jnp.zeros((rows * limit, 3), jnp.int64).at[slot].set(found, mode="drop")
+    head = jnp.stack([jnp.all(settled), jnp.sum(take), 0]).astype(jnp.int64)
+    return jnp.concatenate([head[None], selected])
 
 
 def _traced_overlaps(corners: Any, threshold: Any) -> Any:
@@ -424,15 +431,11 @@ def non_max_suppression_hinted(cx, hint, boxes, scores, max_output_boxes_per_cla
                                iou_threshold=None, score_threshold=None, *, center_point_box=0):
     """NonMaxSuppression's rows [batch, class, box] from a NonMaxSuppressionRanked hint, or the
     whole NMS where the hint did not settle every (batch, class)."""
-    hint, scores = np.asarray(hint), np.asarray(scores)
-    if (scores.ndim != 3 or hint.ndim != 2 or hint.shape[0] != scores.shape[0] * scores.shape[1]
-            or hint.shape[1] < 2 or not (hint[:, 0] == 1).all()):
+    hint = np.asarray(hint)
+    if hint.ndim != 2 or hint.shape[1] != 3 or hint[0, 0] != 1:
         return non_max_suppression(cx, boxes, scores, max_output_boxes_per_class, iou_threshold,
                                    score_threshold, center_point_box=center_point_box)
-    kept = hint[:, 1:]
-    row, col = np.nonzero(kept >= 0)
-    classes = scores.shape[1]
-    return np.stack([row // classes, row % classes, kept[row, col]], axis=1).astype(np.int64)
+    return hint[1:1 + hint[0, 1]]
 
 
 # --- ImageDecoder: Pillow decodes (the optional `oxla[image]` extra) ---------------------------
