@@ -184,6 +184,8 @@ LAST_CHOICES = [  # (X spatial sizes, W shape, strides, pads, group) -> the chan
     ((16, 16), (16, 8, 3, 3), (2, 2), [(1, 1)] * 2, 1, "dot_last"),
     ((56, 56), (64, 64, 3, 3), (1, 1), [(1, 1)] * 2, 1, "native_last"),
     ((64, 64), (8, 3, 7, 7), (2, 2), [(3, 3)] * 2, 1, "native_last"),
+    ((320, 320), (32, 3, 3, 3), (2, 2), [(1, 1)] * 2, 1, "dot_last"),  # an image stem: any size
+    ((320, 320), (32, 8, 3, 3), (2, 2), [(1, 1)] * 2, 1, "native_last"),
 ]
 
 

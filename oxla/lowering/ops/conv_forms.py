@@ -41,6 +41,10 @@ GRID_TAPS_TERMS = 25
 # (compiler option xla_cpu_experimental_ynn_fusion_type="") XLA's own conv wins every ResNet-50
 # shape (0.72-1.22x) and this rule would want re-measuring.
 IM2COL_ELEMENTS = 1 << 19
+# An image stem (a 3x3 or smaller kernel over at most this many input channels) runs as a dot at
+# any size: XLA's own convolution handles 3 channels poorly. The suite detector's 320x320 stem
+# (3 -> 32, stride 2; 691k im2col elements): the model 7.98 -> 7.41 ms at one thread.
+STEM_CHANNELS = 4
 # `taps_last` sums all of a depthwise kernel's taps in one loop over (pixel, channel): per pixel it
 # reads prod(K) windows and weight rows of C channels each. Past this many bytes (about the L1
 # data cache, 48 KiB here) they no longer stay cached from one pixel to the next, and one loop per
@@ -348,7 +352,8 @@ def choose_last(sizes: Sequence[int], w_shape: Sequence[int], strides: Sequence[
     if group == 1:
         kk = math.prod(w_shape[2:])
         out = out_sizes(sizes, padding, w_shape[2:], strides, dilations)
-        small = kk <= 9 and math.prod(out) * kk * w_shape[1] <= IM2COL_ELEMENTS
+        small = kk <= 9 and (w_shape[1] <= STEM_CHANNELS
+                             or math.prod(out) * kk * w_shape[1] <= IM2COL_ELEMENTS)
         return dot_last if (kk == 1 or small) and 0 not in out else native_last
     if w_shape[1] == 1 and math.prod(w_shape[2:]) <= GRID_TAPS_TERMS:
         return taps_last
