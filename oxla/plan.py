@@ -22,6 +22,7 @@ from oxla.passes.classify import DispatchTable, check_supported
 from oxla.passes.constants import large_constants_to_initializers
 from oxla.passes.dequantize_constants import dequantize_constants
 from oxla.passes.nms_split import split_non_max_suppression
+from oxla.passes.pad_ahead import pad_ahead
 from oxla.passes.qdq_conv import qdq_conv_to_integer
 from oxla.passes.qlinear_conv import qlinear_conv_centered
 from oxla.passes.sibling_convs import merge_sibling_convs
@@ -79,6 +80,7 @@ def prepare(model: ModelProto, options: Options) -> DispatchTable:
             gemm_weights_to_kn(model)
             if options.channels_last:
                 convs_to_channels_last(model)
+                pad_ahead(model)
     split_non_max_suppression(model)
     return table
 
