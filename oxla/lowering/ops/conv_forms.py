@@ -337,7 +337,17 @@ def dense_dot_last(x: Any, w: Any, strides: Sequence[int], padding: Pads,
                                              (0, 0, 0)])
     wins: list[Any] = [window(xp, tap, out, strides, [(0, 0)] * nd, dilations, last=True)
                        for tap in itertools.product(*[range(k) for k in kernel])]
-    cols = wins[0] if kk == 1 else jnp.concatenate(wins, axis=-1)
+    if kk == 1:
+        cols = wins[0]
+    elif c <= STEM_CHANNELS:
+        # each window zero-padded to its place on the channel axis, summed: one fused loop; a
+        # concatenate of 3-channel pieces ran as a copy of its own (the detector's 320x320 stem:
+        # 0.5 ms of 0.8, the model 6.50 -> 6.13 ms at one thread)
+        zero = jnp.zeros((), x.dtype)
+        cols = sum(lax.pad(win, zero, [(0, 0, 0)] * (nd + 1) + [(t * c, (kk - 1 - t) * c, 0)])
+                   for t, win in enumerate(wins))
+    else:
+        cols = jnp.concatenate(wins, axis=-1)
     wk = jnp.transpose(w, (*range(2, nd + 2), 1, 0)).reshape((kk * c, m))
     y = lax.dot_general(cols.reshape((-1, kk * c)), wk, (((1,), (0,)), ((), ())),
                         preferred_element_type=acc)
