@@ -4,7 +4,7 @@ A detection head often runs two or more small convolutions over one feature map 
 classes). XLA:CPU computes each alone, reading the input (and its im2col) once per Conv; one Conv
 with the kernels stacked on the output-channel axis, then a Split, reads it once. The suite
 detector's 3x3 heads (256 -> 12 and 256 -> 24 at 20x20): 0.96 ms of kernels, the model 7.39 ->
-7.19 ms at one thread. Only dense kernels larger than 1x1 with float initializer weights (and
+7.19 ms at one thread. Only dense kernels larger than 1x1 with initializer weights (and
 biases) are merged: 1x1 siblings (ResNet's projection and first conv) are already one dot each.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 import numpy as np
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
-from oxla.dtypes import is_float
 from oxla.graph import model_opsets, node_reads, tensor_value
 
 SUFFIX = "__oxla_siblings"
@@ -45,8 +44,10 @@ def merge_sibling_convs(model: ModelProto) -> int:
             nodes += _merge(graph, group, tensors, opset)
     del graph.node[:]
     graph.node.extend(nodes)
+    # the group's own weights and biases go where nothing reads them any more
+    replaced = {name for g in groups.values() if len(g) > 1 for n in g for name in n.input[1:3]}
     used = {n for node in graph.node for n in node_reads(node)} | {o.name for o in graph.output}
-    kept = [t for t in graph.initializer if t.name in used or t.name in fed]
+    kept = [t for t in graph.initializer if t.name not in replaced or t.name in used or t.name in fed]
     del graph.initializer[:]
     graph.initializer.extend(kept)
     return sum(len(g) - 1 for g in groups.values() if len(g) > 1)
@@ -71,8 +72,6 @@ def _merge(graph: GraphProto, group: list[NodeProto], tensors: dict[str, TensorP
            opset: int) -> list[NodeProto]:
     """One Conv with the group's kernels and biases stacked, and a Split into its outputs."""
     ws = [_array(tensors[n.input[1]]) for n in group]
-    if not all(is_float(w.dtype) for w in ws):
-        return list(group)
     bs = [_array(tensors[n.input[2]]) if len(n.input) > 2 and n.input[2] else np.zeros(len(w), w.dtype)
           for n, w in zip(group, ws)]
     base = f"{group[0].output[0]}{SUFFIX}"
