@@ -140,3 +140,12 @@ def test_split_model_is_valid_onnx_and_runs_in_onnxruntime(score: float | None) 
     onnx.checker.check_model(model)
     got = onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)
     np.testing.assert_array_equal(got[0], want[0])
+
+
+@pytest.mark.parametrize("limit, score", [(0, 0.1), (5, 2.0)])
+def test_nothing_to_select(limit: int, score: float) -> None:
+    rng = np.random.default_rng(6)
+    boxes = _boxes(rng, "boxes", (2, 30), 0)
+    scores = rng.random((2, 3, 30)).astype(np.float32)
+    got, split = run_both(nms_model(boxes, scores, limit, 0.5, score), boxes, scores)
+    assert split and got.shape == (0, 3)
