@@ -21,8 +21,11 @@ from oxla.passes.channels_last import convs_to_channels_last
 from oxla.passes.classify import DispatchTable, check_supported
 from oxla.passes.constants import large_constants_to_initializers
 from oxla.passes.dequantize_constants import dequantize_constants
+from oxla.passes.nms_split import split_non_max_suppression
+from oxla.passes.pad_ahead import pad_ahead
 from oxla.passes.qdq_conv import qdq_conv_to_integer
 from oxla.passes.qlinear_conv import qlinear_conv_centered
+from oxla.passes.sibling_convs import merge_sibling_convs
 from oxla.passes.static_inputs import required_static
 from oxla.passes.weight_layout import conv_weights_to_hwio, gemm_weights_to_kn
 from oxla.passes.winograd import convs_to_winograd
@@ -73,11 +76,14 @@ def prepare(model: ModelProto, options: Options) -> DispatchTable:
             qdq_conv_to_integer(model)
             qlinear_conv_centered(model)
             dequantize_constants(model, options.memory_limit)
+            merge_sibling_convs(model)
             conv_weights_to_hwio(model)
             gemm_weights_to_kn(model)
             if options.channels_last:
                 convs_to_channels_last(model)
+                pad_ahead(model)
                 convs_to_winograd(model)
+    split_non_max_suppression(model)
     return table
 
 

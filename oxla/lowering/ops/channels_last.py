@@ -17,6 +17,7 @@ from oxla.lowering.ops.conv import conv_window, transpose_window
 from oxla.lowering.ops.pool import lowest, wide, window
 from oxla.lowering.registry import rule
 from oxla.passes.channels_last import DOMAIN
+from oxla.passes.pad_ahead import DOMAIN as PAD_AHEAD
 
 
 def _first(x):
@@ -93,3 +94,18 @@ def to_last(cx, x):
         raise cx.fail(f"input must have rank <= 4, got shape {tuple(x.shape)}")
     full = x.reshape((1,) * (4 - x.ndim) + tuple(x.shape))
     return xp(full).transpose(full, (0, 2, 3, 1))
+
+
+@rule("ZeroBorder", since=1, domain=PAD_AHEAD)
+def zero_border(cx, x, *, pads=None):
+    """X with its outer positions zeroed: `pads` (Pad's layout, begins then ends) per axis."""
+    pads = list(pads or [0] * (2 * x.ndim))
+    keep = None
+    for axis, (lo, hi) in enumerate(zip(pads[:x.ndim], pads[x.ndim:])):
+        if lo or hi:
+            shape = [1] * x.ndim
+            shape[axis] = x.shape[axis]
+            i = lax.broadcasted_iota(jnp.int32, shape, axis)
+            inside = (i >= lo) & (i < x.shape[axis] - hi)
+            keep = inside if keep is None else keep & inside
+    return x if keep is None else jnp.where(keep, x, jnp.zeros((), x.dtype))

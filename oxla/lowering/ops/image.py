@@ -13,6 +13,7 @@ from jax import lax
 
 from oxla.lowering.common import check_size
 from oxla.lowering.registry import rule
+from oxla.passes.nms_split import DOMAIN as NMS_DOMAIN
 
 # --- GridSample, AffineGrid -------------------------------------------------------------------
 
@@ -139,13 +140,14 @@ def affine_grid(cx, theta, size, *, align_corners=0):
 
 # --- NonMaxSuppression ------------------------------------------------------------------------
 
-def _corners(boxes: np.ndarray, center_point_box: int) -> np.ndarray:
-    """(4, batches, boxes): y_min, x_min, y_max, x_max of every box, in the boxes' own type."""
+def _corners(boxes: Any, center_point_box: int, m: Any = np) -> Any:
+    """(4, batches, boxes): y_min, x_min, y_max, x_max of every box, in the boxes' own type
+    (`m`: numpy, or jax.numpy for traced boxes)."""
     planes = boxes.transpose(2, 0, 1)
     if center_point_box:  # [x_center, y_center, width, height]
-        center, half = planes[[1, 0]], planes[[3, 2]] / 2
-        return np.concatenate([center - half, center + half])
-    return np.concatenate([np.minimum(planes[:2], planes[2:]), np.maximum(planes[:2], planes[2:])])
+        center, half = planes[m.array([1, 0])], planes[m.array([3, 2])] / 2
+        return m.concatenate([center - half, center + half])
+    return m.concatenate([m.minimum(planes[:2], planes[2:]), m.maximum(planes[:2], planes[2:])])
 
 
 def _overlaps(edges: tuple[np.ndarray, ...], area: np.ndarray, a: np.ndarray, b: np.ndarray,
@@ -346,6 +348,94 @@ def non_max_suppression(cx, boxes, scores, max_output_boxes_per_class=None, iou_
     row = np.repeat(np.arange(len(kept)), [len(k) for k in kept])
     classes = scores.shape[1]
     return np.stack([row // classes, row % classes, np.concatenate([row[:0], *kept])], axis=1).astype(np.int64)
+
+
+# --- NonMaxSuppression split by NmsSplitPass (oxla.nms): the ranked prefix compiled -------------
+
+_COMPILED_ELEMENTS = 1 << 22  # past this many overlap-matrix entries the hint settles nothing
+
+
+def _settles_nothing() -> Any:
+    return jnp.full((1, 1), -1, jnp.int64)
+
+
+@rule("NonMaxSuppressionRanked", since=1, domain=NMS_DOMAIN,
+      static=("max_output_boxes_per_class", "iou_threshold", "score_threshold"))
+def non_max_suppression_ranked(cx, boxes, scores, max_output_boxes_per_class, iou_threshold,
+                               score_threshold=None, *, center_point_box=0):
+    """(1 + batches * classes * limit, 3) hint: [1, count, 0] when every (batch, class)'s K
+    best-scored boxes settle greedy NMS, then NonMaxSuppression's `count` rows [batch, class, box]
+    (padding after them); [[-1]] when something is not settled or not computed (shapes or sizes
+    outside what it handles): the host op then runs the whole NMS."""
+    if (center_point_box not in (0, 1) or boxes.ndim != 3 or boxes.shape[2] != 4 or scores.ndim != 3
+            or scores.shape[::2] != boxes.shape[:2] or not jnp.issubdtype(boxes.dtype, jnp.floating)):
+        return _settles_nothing()
+    batches, classes, n = scores.shape
+    rows = batches * classes
+    limit = int(min(max(int(_first(max_output_boxes_per_class, 0)), 0), n))
+    k = min(n, max(2 * limit, 64))
+    if rows == 0 or limit == 0 or rows * k * k > _COMPILED_ELEMENTS:
+        return _settles_nothing()
+    iou = boxes.dtype.type(_first(iou_threshold, 0.0))
+    min_score = _first(score_threshold, None)
+    flat = scores.reshape(rows, n)
+    valid = jnp.ones(flat.shape, bool) if min_score is None else flat > scores.dtype.type(min_score)
+    # the host ranks by a stable descending sort: -0.0 ties 0.0, and NaN goes last where top_k
+    # puts it first (such rows are left unsettled)
+    key = jnp.where(valid, jnp.where(flat == 0, 0, flat), -jnp.inf)
+    order = lax.top_k(key, k)[1]  # ties to the lower index
+    corners = _corners(boxes, center_point_box, jnp)  # (4, batches, n)
+    picked = corners[:, (jnp.arange(rows) // classes)[:, None], order]  # (4, rows, k)
+    matrix = _traced_overlaps(picked, iou)
+    keep = _fixed_point(matrix & jnp.triu(jnp.ones((k, k), bool), 1), jnp.take_along_axis(valid, order, 1))
+    place = jnp.cumsum(keep, axis=1)
+    settled = (place[:, -1] >= limit) | (valid.sum(axis=1) <= k)
+    if min_score is None:
+        settled &= ~jnp.isnan(flat).any(axis=1)
+    # the kept boxes' rows, compacted in (batch, class, rank) order: the host only slices them
+    take = (keep & (place <= limit)).reshape(-1)
+    slot = jnp.where(take, jnp.cumsum(take) - 1, rows * limit)
+    row = jnp.repeat(jnp.arange(rows), k)
+    found = jnp.stack([row // classes, row % classes, order.reshape(-1)], axis=1).astype(jnp.int64)
+    selected = jnp.zeros((rows * limit, 3), jnp.int64).at[slot].set(found, mode="drop")
+    head = jnp.stack([jnp.all(settled), jnp.sum(take), 0]).astype(jnp.int64)
+    return jnp.concatenate([head[None], selected])
+
+
+def _traced_overlaps(corners: Any, threshold: Any) -> Any:
+    """`_overlap_matrix` on traced corners (4, rows, k), in the same arithmetic."""
+    y0, x0, y1, x1 = corners
+    area = (y1 - y0) * (x1 - x0)
+    area = jnp.where(area > 0, area, jnp.nan)
+    inter = jnp.minimum(x1[:, :, None], x1[:, None, :]) - jnp.maximum(x0[:, :, None], x0[:, None, :])
+    high = jnp.minimum(y1[:, :, None], y1[:, None, :]) - jnp.maximum(y0[:, :, None], y0[:, None, :])
+    inter = jnp.maximum(inter, 0) * high
+    ok = inter / (area[:, :, None] + area[:, None, :] - inter) > threshold
+    return ok & (inter > 0) if threshold < 0 else ok
+
+
+def _fixed_point(upper: Any, valid: Any) -> Any:
+    """The greedy pass over ranked prefixes (rows, k), as its one fixed point (see `_greedy`):
+    iterated from `valid` until nothing changes, which takes at most k rounds."""
+    def step(state):
+        keep, _, rounds = state
+        new = valid & ~jnp.any(keep[:, :, None] & upper, axis=1)
+        return new, jnp.any(new != keep), rounds + 1
+
+    return lax.while_loop(lambda s: s[1] & (s[2] <= upper.shape[-1]), step,
+                          (valid, jnp.array(True), jnp.array(0)))[0]
+
+
+@rule("NonMaxSuppression", since=1, domain=NMS_DOMAIN, static=("*",))
+def non_max_suppression_hinted(cx, hint, boxes, scores, max_output_boxes_per_class=None,
+                               iou_threshold=None, score_threshold=None, *, center_point_box=0):
+    """NonMaxSuppression's rows [batch, class, box] from a NonMaxSuppressionRanked hint, or the
+    whole NMS where the hint did not settle every (batch, class)."""
+    hint = np.asarray(hint)
+    if hint.ndim != 2 or hint.shape[1] != 3 or hint[0, 0] != 1:
+        return non_max_suppression(cx, boxes, scores, max_output_boxes_per_class, iou_threshold,
+                                   score_threshold, center_point_box=center_point_box)
+    return hint[1:1 + hint[0, 1]]
 
 
 # --- ImageDecoder: Pillow decodes (the optional `oxla[image]` extra) ---------------------------

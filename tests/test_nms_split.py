@@ -1,0 +1,151 @@
+"""NmsSplitPass: NonMaxSuppression with constant limits as a compiled hint and a host selection,
+checked row for row against onnxruntime (onnx.reference is too slow for these sizes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+from onnx import helper, numpy_helper
+
+import oxla
+from oxla.lowering.ops import image
+from oxla.passes.nms_split import DOMAIN, split_non_max_suppression
+
+OPSET = 17
+
+
+def nms_model(boxes: np.ndarray, scores: np.ndarray, limit: int, iou: float, score: float | None,
+              *, fed: bool = False, **attrs: Any) -> onnx.ModelProto:
+    """One NonMaxSuppression with its limit and thresholds as initializers (graph inputs: fed)."""
+    consts = {"max": np.array([limit], np.int64), "iou": np.array([iou], np.float32),
+              "score": np.array([-1.0 if score is None else score], np.float32)}
+    names = ["boxes", "scores", "max", "iou", "score" if score is not None else ""]
+    node = helper.make_node("NonMaxSuppression", names, ["selected"], name="nms", **attrs)
+    inputs = [helper.make_tensor_value_info("boxes", onnx.TensorProto.FLOAT, boxes.shape),
+              helper.make_tensor_value_info("scores", onnx.TensorProto.FLOAT, scores.shape)]
+    inits = [numpy_helper.from_array(v, k) for k, v in consts.items()]
+    if fed:
+        inputs += [helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in inits]
+    graph = helper.make_graph([node], "nms", inputs,
+                              [helper.make_tensor_value_info("selected", onnx.TensorProto.INT64, ["n", 3])],
+                              initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=8)
+
+
+def run_both(model: onnx.ModelProto, boxes: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, bool]:
+    """oxla's selection (asserted equal to onnxruntime's) and whether oxla split the node."""
+    sess = oxla.InferenceSession(model.SerializeToString())
+    got = sess.run(None, {"boxes": boxes, "scores": scores})[0]
+    want = onnxruntime.InferenceSession(model.SerializeToString()).run(
+        None, {"boxes": boxes, "scores": scores})[0]
+    np.testing.assert_array_equal(got, want)
+    split = any(n.domain == DOMAIN for n in sess._compiled.plan.nodes)
+    return got, split
+
+
+@pytest.fixture
+def whole_nms_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the host op's fall-backs to the whole NMS."""
+    calls: list[int] = []
+    whole = image.non_max_suppression
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return whole(*args, **kwargs)
+
+    monkeypatch.setattr(image, "non_max_suppression", counted)
+    return calls
+
+
+def _boxes(rng: np.random.Generator, kind: str, shape: tuple[int, int], center: int) -> np.ndarray:
+    if kind == "grid":  # on a half-unit grid: many equal, zero-area and reversed boxes
+        return (rng.integers(0, 4, (*shape, 4)) / 2).astype(np.float32)
+    if kind == "normal":  # corners in any order
+        return (rng.standard_normal((*shape, 4)) * 2).astype(np.float32)
+    xy, wh = rng.random((*shape, 2)) * 10, rng.random((*shape, 2)) * 3
+    return np.concatenate([xy, wh if center else xy + wh], -1).astype(np.float32)
+
+
+@pytest.mark.parametrize("center", [0, 1])
+@pytest.mark.parametrize("kind", ["grid", "normal", "boxes"])
+def test_split_matches_onnxruntime(kind: str, center: int) -> None:
+    rng = np.random.default_rng(11)
+    for n, classes, limit, iou, score in [(5, 3, 3, 0.5, None), (40, 2, 10, 0.0, 0.3),
+                                          (300, 3, 50, 0.5, 0.5), (300, 2, 2**40, 0.7, None),
+                                          (200, 2, 20, 1.0, 0.0), (120, 2, 8, 0.3, None)]:
+        boxes = _boxes(rng, kind, (2, n), center)
+        scores = (rng.integers(0, 5, (2, classes, n)) / 4 if kind == "grid"  # many ties
+                  else rng.random((2, classes, n))).astype(np.float32)
+        _, split = run_both(nms_model(boxes, scores, limit, iou, score, center_point_box=center),
+                            boxes, scores)
+        assert split
+
+
+def test_detector_sized_case_is_settled_by_the_compiled_prefix(whole_nms_calls: list[int]) -> None:
+    rng = np.random.default_rng(3)
+    boxes = _boxes(rng, "boxes", (1, 1200), 0)
+    scores = rng.random((1, 8, 1200)).astype(np.float32)
+    got, split = run_both(nms_model(boxes, scores, 50, 0.5, 0.3), boxes, scores)
+    assert split and len(got) == 400 and not whole_nms_calls
+
+
+def test_a_prefix_that_runs_out_falls_back_to_the_whole_nms(whole_nms_calls: list[int]) -> None:
+    # the 100 best boxes are one box: the prefix keeps 1 of the 40 wanted, others remain
+    boxes = np.tile(np.array([0, 0, 1, 1], np.float32), (300, 1))
+    boxes[100:] += np.arange(200, dtype=np.float32)[:, None] * 2
+    scores = np.linspace(1, 0.1, 300, dtype=np.float32)[None, None]
+    got, _ = run_both(nms_model(boxes[None], scores, 40, 0.5, None), boxes[None], scores)
+    assert len(got) == 40 and whole_nms_calls
+
+
+def test_ties_signed_zeros_and_nan_scores() -> None:
+    boxes = np.stack([np.arange(200) * 2, np.zeros(200), np.arange(200) * 2 + 1, np.ones(200)], 1)
+    boxes = boxes[None].astype(np.float32)
+    tied = (np.arange(200)[::-1] // 7).astype(np.float32)[None, None]  # the cut falls in a tie
+    assert len(run_both(nms_model(boxes, tied, 30, 0.5, None), boxes, tied)[0]) == 30
+    zeros = np.where(np.arange(200) % 2, 0.0, -0.0).astype(np.float32)[None, None]
+    run_both(nms_model(boxes, zeros, 30, 0.5, None), boxes, zeros)
+    nan = np.random.default_rng(5).random((1, 1, 200)).astype(np.float32)
+    nan[0, 0, ::9] = np.nan
+    run_both(nms_model(boxes, nan, 30, 0.5, 0.2), boxes, nan)
+    # without a threshold onnxruntime ranks a NaN score first, oxla's host NMS last: the split
+    # leaves such a (batch, class) to the host NMS, so the two oxla paths agree
+    feeds = {"boxes": boxes, "scores": nan}
+    split, whole = (oxla.InferenceSession(nms_model(boxes, nan, 30, 0.5, None, fed=fed).SerializeToString())
+                    .run(None, feeds)[0] for fed in (False, True))
+    np.testing.assert_array_equal(split, whole)
+
+
+def test_fed_thresholds_keep_the_onnx_op() -> None:
+    boxes = _boxes(np.random.default_rng(2), "boxes", (1, 50), 0)
+    scores = np.random.default_rng(2).random((1, 2, 50)).astype(np.float32)
+    got, split = run_both(nms_model(boxes, scores, 5, 0.5, 0.1, fed=True), boxes, scores)
+    assert not split and len(got) == 10
+    assert split_non_max_suppression(nms_model(boxes, scores, 5, 0.5, None)) == 1
+
+
+@pytest.mark.parametrize("score", [0.2, None])
+def test_split_model_is_valid_onnx_and_runs_in_onnxruntime(score: float | None) -> None:
+    rng = np.random.default_rng(4)
+    boxes = _boxes(rng, "boxes", (1, 100), 0)
+    scores = rng.random((1, 3, 100)).astype(np.float32)
+    model = nms_model(boxes, scores, 10, 0.5, score)
+    feeds = {"boxes": boxes, "scores": scores}
+    want = onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)
+    assert split_non_max_suppression(model) == 1
+    onnx.checker.check_model(model)
+    got = onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)
+    np.testing.assert_array_equal(got[0], want[0])
+
+
+@pytest.mark.parametrize("limit, score", [(0, 0.1), (5, 2.0)])
+def test_nothing_to_select(limit: int, score: float) -> None:
+    rng = np.random.default_rng(6)
+    boxes = _boxes(rng, "boxes", (2, 30), 0)
+    scores = rng.random((2, 3, 30)).astype(np.float32)
+    got, split = run_both(nms_model(boxes, scores, limit, 0.5, score), boxes, scores)
+    assert split and got.shape == (0, 3)
