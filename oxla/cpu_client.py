@@ -23,13 +23,18 @@ import jax
 
 from oxla.host import has_avx512
 
-# XLA:CPU's YNNPACK fusions (on by default in jax 0.12) are off for oxla's float compiles, and on
-# where a recurrent loop runs or integer arithmetic is done. Measured at one thread, oxla over
-# onnxruntime, fusions on -> off: ResNet-50 1.57 -> 1.23x, BERT-base 1.09 -> 0.99x, ViT-S 1.14 ->
-# 1.04x, ShuffleNetV2 1.42 -> 1.23x, the other CNNs equal; but a bi-GRU 1.10 -> 3.14x (the
-# per-step matrix-vector product in the scan), and at default threads int8 ResNet-50 (QDQ)
-# 3.1 -> 13x (XLA's own integer dot is slow). OXLA_YNN_FUSIONS=1 keeps them on everywhere, =0
-# off everywhere (for measuring).
+# XLA:CPU's YNNPACK fusions (all kinds on by default in jax 0.12) are chosen per segment:
+# - on where a recurrent loop runs or integer arithmetic is done: a bi-GRU 1.10 -> 3.14x
+#   onnxruntime without them (the per-step matrix-vector product in the scan), int8 ResNet-50
+#   (QDQ) 3.1 -> 13x (XLA's own integer dot is slow);
+# - convolutions only (YNNPACK's convolution, XLA's dots and loops), where a segment convolves:
+#   at default threads (2 cores), interleaved, EfficientNet-B0 13.4 -> 11.7 ms, MobileNetV3-small
+#   2.76 -> 2.60, ShuffleNetV2 4.94 -> 4.77, ResNet-50 46.6 -> 44.6; at one thread equal or
+#   slightly faster. All kinds were slower for ShuffleNetV2 (5.58 ms);
+# - all kinds for other segments when the process may use more than one core (BERT-base 123 ->
+#   104 ms, ViT-S 56.6 -> 45.6 ms at default threads: YNNPACK splits dots across threads better),
+#   none on one core (BERT-base 1.09 -> 0.99x onnxruntime without them).
+# OXLA_YNN_FUSIONS=1 keeps all on everywhere, =0 all off everywhere (for measuring).
 YNN_FUSIONS = os.environ.get("OXLA_YNN_FUSIONS", "")
 KEEP_YNN = frozenset({"RNN", "GRU", "LSTM", "Scan", "Loop", "ConvInteger", "MatMulInteger"})
 KEEP_YNN_PREFIXES = ("QLinear", "DynamicQuantize", "MatMulInteger", "QGemm", "QAttention",
@@ -59,6 +64,10 @@ def _make() -> Any:
         return jax.devices("cpu")[0]
 
 
+CONV_ONLY = "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"
+CONVOLUTIONS = frozenset({"Conv", "ConvTranspose"})
+
+
 def compiler_options(device: Any, op_types: Iterable[str]) -> dict[str, Any]:
     """XLA options for compiling a segment of these ops on `device` (see YNN_FUSIONS).
 
@@ -68,8 +77,20 @@ def compiler_options(device: Any, op_types: Iterable[str]) -> dict[str, Any]:
     if device.platform != "cpu":
         return {}
     options: dict[str, Any] = {"xla_cpu_prefer_vector_width": 512} if has_avx512() else {}
+    ops = set(op_types)
     if YNN_FUSIONS == "1" or (YNN_FUSIONS != "0" and any(
-            op in KEEP_YNN or op.startswith(KEEP_YNN_PREFIXES) for op in op_types)):
+            op in KEEP_YNN or op.startswith(KEEP_YNN_PREFIXES) for op in ops)):
+        return options
+    if YNN_FUSIONS != "0" and ops & CONVOLUTIONS:
+        return {**options, "xla_cpu_experimental_ynn_fusion_type": CONV_ONLY}
+    if YNN_FUSIONS != "0" and _cores() > 1:
         return options
     return {**options, "xla_cpu_experimental_ynn_fusion_type": ""}
 
+
+def _cores() -> int:
+    """How many cores this process may run on (XLA:CPU's intra-op pool spreads over them)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
