@@ -197,3 +197,29 @@ def test_qlinear_conv_no_bias_per_tensor() -> None:
     feeds = {**QCONV, "sw": np.array(0.02, np.float32), "zw": np.array(0, np.int8), "B": None,
              "w": QCONV["w"].reshape(3, 4, 3, 3)}
     check("QLinearConv", feeds)
+
+
+def test_dequantized_sum_rounds_each_product() -> None:
+    # DQ(a) + DQ(b) in float32 as onnxruntime computes it: each product rounded, then the sum.
+    # An FMA of one product with the other term (what XLA:CPU makes of a float32 multiply and
+    # add) differs in about a quarter of these elements.
+    import onnx
+    from onnx import helper, numpy_helper
+
+    import oxla
+
+    shape = [1, 64, 56, 56]
+    rng = np.random.default_rng(3)
+    a, b = (rng.integers(0, 256, shape).astype(np.uint8) for _ in range(2))
+    sa, sb, za, zb = np.float32(0.0312345), np.float32(0.0171717), np.uint8(7), np.uint8(130)
+    nodes = [helper.make_node("DequantizeLinear", ["a", "sa", "za"], ["fa"]),
+             helper.make_node("DequantizeLinear", ["b", "sb", "zb"], ["fb"]),
+             helper.make_node("Add", ["fa", "fb"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(v), n) for v, n in ((sa, "sa"), (za, "za"), (sb, "sb"), (zb, "zb"))]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.UINT8, shape) for n in "ab"],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    got = oxla.InferenceSession(model.SerializeToString()).run(None, {"a": a, "b": b})[0]
+    want = (a.astype(np.float32) - np.float32(za)) * sa + (b.astype(np.float32) - np.float32(zb)) * sb
+    np.testing.assert_array_equal(got, want)
+    assert onnx.checker.check_model(model) is None
