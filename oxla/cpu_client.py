@@ -28,12 +28,14 @@ from oxla.host import has_avx512
 #   onnxruntime without them (the per-step matrix-vector product in the scan), int8 ResNet-50
 #   (QDQ) 3.1 -> 13x (XLA's own integer dot is slow);
 # - convolutions only (YNNPACK's convolution, XLA's dots and loops), where a segment convolves:
-#   at default threads (2 cores), interleaved, EfficientNet-B0 13.4 -> 11.7 ms, MobileNetV3-small
-#   2.76 -> 2.60, ShuffleNetV2 4.94 -> 4.77, ResNet-50 46.6 -> 44.6; at one thread equal or
-#   slightly faster. All kinds were slower for ShuffleNetV2 (5.58 ms);
-# - all kinds for other segments when the process may use more than one core (BERT-base 123 ->
-#   104 ms, ViT-S 56.6 -> 45.6 ms at default threads: YNNPACK splits dots across threads better),
+#   at default threads (2 cores, both orders in one process, averaged) the DBNet-style segmenter
+#   54.5 -> 52.2 ms, ResNet-50, EfficientNet-B0, MobileNetV3-small and ShuffleNetV2 equal
+#   within 1%; all kinds were slower for ShuffleNetV2 and MobileNetV3;
+# - all kinds for other segments when the process may use more than one core (BERT-base 114.7 ->
+#   98.4 ms at default threads, ViT-S equal: YNNPACK splits BERT's dots across threads better),
 #   none on one core (BERT-base 1.09 -> 0.99x onnxruntime without them).
+# In one process the session made first ran up to 13% slower than a second one, whichever
+# options it had: compare options in both orders.
 # OXLA_YNN_FUSIONS=1 keeps all on everywhere, =0 all off everywhere (for measuring).
 YNN_FUSIONS = os.environ.get("OXLA_YNN_FUSIONS", "")
 KEEP_YNN = frozenset({"RNN", "GRU", "LSTM", "Scan", "Loop", "ConvInteger", "MatMulInteger"})
