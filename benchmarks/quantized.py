@@ -128,12 +128,12 @@ def bench(model: str, fmt: str, batch: int, runs: int) -> Result:
     warm = [min(_timed(r)[1] for _ in range(3)) for r in runners]
     runs = max(runs, min(1000, int(1.0 / max(warm))))  # fast models: ~1 s of calls per side
     times: list[list[float]] = [[], [], []]
-    block = max(2, runs // 8)  # blocks: onnxruntime's threads spin on after a call
+    block = max(3, runs // 8)  # blocks: onnxruntime's threads spin on after a call
     while len(times[0]) < runs:
         for i, r in enumerate(runners):
-            # each block's first call runs but is not counted, on every side: it shares the cores
-            # with the previous runtime's still-spinning threads (benchmarks.suite measures this)
-            times[i] += [_timed(r)[1] for _ in range(block + 1)][1:]
+            # each block's first two calls run but are not counted, on every side: right after
+            # another runtime has run, each takes two calls to settle (benchmarks.suite, SETTLE)
+            times[i] += [_timed(r)[1] for _ in range(block + 2)][2:]
     # largest difference relative to the output's scale (random-weight logits can be large)
     diff = max(float(np.max(np.abs(np.asarray(g, np.float64) - w)) / max(np.max(np.abs(w)), 1e-30))
                for g, w in zip(got, want))
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + text)
     if args.write:
         write_results(args.write, "Quantized models", "quantized", argv,
-                      f"Medians of alternating blocks after warm-up, each block's first call not counted (at least {args.runs} calls, "
+                      f"Medians of alternating blocks after warm-up, each block's first two calls not counted (at least {args.runs} calls, "
                       "~1 s per side for fast models).", text)
     return 0
 

@@ -9,9 +9,9 @@ Each model and thread setting runs in its own process. `default`: both runtimes 
 them. `1`: onnxruntime with intra_op_num_threads=1, XLA with --xla_cpu_multi_thread_eigen=false,
 both pinned to one core with taskset. In the process: load both, time the first call (oxla
 compiles there), compare every output, then time the two in interleaved blocks (~0.2 s of calls
-each, at least 2) until each side has had --seconds of calls (at least 5 blocks); a latency is
-the median of the per-call times. The first call of every block is run but not counted, on both
-sides: the other runtime's threads may still be spinning then. The geomean of oxla/onnxruntime is reported per thread setting.
+each, at least 3) until each side has had --seconds of calls (at least 5 blocks); a latency is
+the median of the per-call times. The first two calls of every block run but are not counted,
+on both sides: right after the other runtime has run, each takes two calls to settle. The geomean of oxla/onnxruntime is reported per thread setting.
 """
 
 from __future__ import annotations
@@ -93,6 +93,9 @@ def _compare(got: list[Any], want: list[Any]) -> tuple[float, float]:
     return diff, rel
 
 
+SETTLE = 2  # calls run, not counted, at the start of each block
+
+
 def measure(name: str, threads: int, seconds: float) -> Row:
     """One model in this process: load, first call, agreement, then interleaved timing."""
     import onnxruntime as ort
@@ -121,15 +124,16 @@ def measure(name: str, threads: int, seconds: float) -> Row:
     diff, rel = _compare(got, want)
     calls = {"oxla": lambda: sess.run(None, feeds), "ort": lambda: ref.run(None, feeds)}
     per_call = max(statistics.median(time_block(fn, 3)) for fn in calls.values())  # also a warm-up
-    block = max(2, int(0.2 / per_call))
+    block = max(3, int(0.2 / per_call))
     times: dict[str, list[float]] = {k: [] for k in calls}
     rounds = 0
     while rounds < 5 or min(sum(t) for t in times.values()) < seconds:
         for key, fn in calls.items():
-            # the first call of a block is not counted, on either side: it runs while the other
-            # runtime's pool threads still spin (onnxruntime's spin after each run: BERT-base in
-            # oxla 100 ms alone, 124 ms right after an onnxruntime call, 108 ms 20 ms after one)
-            times[key] += time_block(fn, block + 1)[1:]
+            # the first SETTLE calls of a block are not counted, on either side: after the other
+            # runtime has run, each takes two calls to reach its own steady state (QDQ ResNet-50
+            # in oxla: 18.1 ms alone; 23.9, 22.8, 18.6, 18.2 ms for the calls right after
+            # onnxruntime's; onnxruntime 8.6 ms alone, 10.4, 9.4, 8.9, 8.7 after oxla's)
+            times[key] += time_block(fn, block + SETTLE)[SETTLE:]
         rounds += 1
     return Row(name, threads, statistics.median(times["oxla"]) * 1e3, statistics.median(times["ort"]) * 1e3,
                oxla_load, oxla_first, ort_first, diff, rel, len(times["oxla"]))
@@ -229,8 +233,8 @@ def main(argv: list[str] | None = None) -> int:
 
         write_results(args.write, "Benchmark suite", "suite", argv,
                       "Models from `scripts/export_bench_models.py` (random weights, seed 0, batch 1). "
-                      "Medians of per-call times over interleaved blocks (each block's first call, which "
-                      "shares the cores with the other runtime's still-spinning threads, not counted), "
+                      "Medians of per-call times over interleaved blocks (each block's first two calls, "
+                      "which run while the cores settle from the other runtime, not counted), "
                       "each model and thread "
                       f"setting in its own process; `1 thread` pins both runtimes to one core; {load}.",
                       text)

@@ -34,8 +34,8 @@ from oxla.host import has_avx512
 # - all kinds for other segments when the process may use more than one core (BERT-base 114.7 ->
 #   98.4 ms at default threads, ViT-S equal: YNNPACK splits BERT's dots across threads better),
 #   none on one core (BERT-base 1.09 -> 0.99x onnxruntime without them).
-# In one process the session made first ran up to 13% slower than a second one, whichever
-# options it had: compare options in both orders.
+# Timed in one process, the session that runs right after onnxruntime's calls is up to 16%
+# slower whatever its options (the cores take two calls to settle): compare in both orders.
 # OXLA_YNN_FUSIONS=1 keeps all on everywhere, =0 all off everywhere (for measuring).
 YNN_FUSIONS = os.environ.get("OXLA_YNN_FUSIONS", "")
 KEEP_YNN = frozenset({"RNN", "GRU", "LSTM", "Scan", "Loop", "ConvInteger", "MatMulInteger"})
