@@ -63,9 +63,9 @@ def _planned(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 @pytest.mark.parametrize(("c", "m", "size", "bias", "auto_pad"), [
-    (64, 64, 9, True, ""),            # odd image: padded to whole tiles, cropped
-    (64, 80, 14, False, "SAME_UPPER"),
-    (64, 64, 60, True, ""),           # above MAX_PIXELS: XLA's convolution of the kernel made back
+    (128, 128, 9, True, ""),          # odd image: padded to whole tiles, cropped
+    (128, 144, 14, False, "SAME_UPPER"),
+    (128, 128, 60, True, ""),         # above MAX_PIXELS: XLA's convolution of the kernel made back
 ])
 def test_pass_and_rule_agree_with_onnxruntime(c: int, m: int, size: int, bias: bool, auto_pad: str) -> None:
     model = _model(c, m, size, bias=bias, auto_pad=auto_pad)
@@ -83,7 +83,7 @@ def test_pass_and_rule_agree_with_onnxruntime(c: int, m: int, size: int, bias: b
 
 
 @pytest.mark.parametrize("model", [
-    _model(32, 64, 9),                                          # too few input channels
+    _model(64, 128, 9),                                         # too few input channels
     helper.make_model(helper.make_graph(
         [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2])], "g",
         [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, (1, 64, 9, 9))],
