@@ -4,7 +4,8 @@
 
 MODEL is a suite name (exported or shipped, with its `.npz` feeds) or a path to
 an .onnx file (feeds then random, from the declared input types). The model runs through
-`oxla.InferenceSession` under `jax.profiler` with XLA's optimized HLO dumped; every kernel event
+`oxla.InferenceSession` under `jax.profiler` with XLA's optimized HLO dumped, on JAX's own CPU
+client (the profiler does not trace the kernels of oxla's synchronous client); every kernel event
 (a thunk: a fusion, convolution, dot, copy...) is matched to its HLO instruction, whose metadata
 names the source line in oxla that emitted it (the rule module and function). Printed: the wall
 time per call, kernel time per call by kind and by emitting rule line, the top kernels, and the
@@ -127,7 +128,12 @@ def profile(name: str, calls: int, top: int, dump: str) -> None:
     import jax
 
     import oxla
+    import oxla.executor
 
+    # JAX's profiler traces the kernels of JAX's own CPU client, not those of oxla's synchronous
+    # one (oxla.cpu_client): most of a model's kernels went missing from the trace
+    default_cpu = jax.devices("cpu")[0]
+    oxla.executor._runtime_device = lambda: default_cpu  # type: ignore[attr-defined]
     path, feeds = _feeds(name)
     sess = oxla.InferenceSession(path)
     for _ in range(3):
