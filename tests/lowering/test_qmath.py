@@ -52,6 +52,13 @@ def test_int_matmul(types: tuple, static: bool) -> None:
     assert got.dtype == jnp.int32
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(jax.jit(int_matmul)(a, b), a.astype(np.int64) @ b)
+    # b given as (N, K), contracted as it is (QGemm's transB)
+    bt = np.ascontiguousarray(b.T)
+    if static:
+        got = jax.jit(lambda a, bt: int_matmul(a, bt, za, zb, b_transposed=True))(a, bt)
+    else:
+        got = jax.jit(lambda a, bt, za, zb: int_matmul(a, bt, za, zb, b_transposed=True))(a, bt, za, zb)
+    np.testing.assert_array_equal(got, want)
 
 
 def _reference(x, w, zx, zw, strides, pads, dilations, group):

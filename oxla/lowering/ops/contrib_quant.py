@@ -100,10 +100,13 @@ def qgemm(cx, A, a_scale, a_zero_point, B, b_scale, b_zero_point, C=None, y_scal
     cx.expect_rank("A", A, 2)
     cx.expect_rank("B", B, 2)
     a = A.T if transA else A
-    b = B.T if transB else B
-    if a.shape[1] != b.shape[0]:
-        raise cx.fail(f"op(A) {a.shape} and op(B) {b.shape} do not share the inner dimension")
-    acc = qmath.int_matmul(a, b, a_zero_point.reshape(()), _per_column(b_zero_point))
+    k_b = B.shape[1] if transB else B.shape[0]
+    if a.shape[1] != k_b:
+        raise cx.fail(f"op(A) {a.shape} and op(B) {B.T.shape if transB else B.shape} do not share "
+                      "the inner dimension")
+    # B^T is contracted as it is (not copied): transB=1 is what quantizers write for Linear layers
+    acc = qmath.int_matmul(a, B, a_zero_point.reshape(()), _per_column(b_zero_point),
+                           b_transposed=bool(transB))
     if C is not None:
         acc = acc + jnp.broadcast_to(C.astype(I32), acc.shape)
     # alpha * a_scale * b_scale[n], then / y_scale: onnxruntime's ComputeOutputScale
