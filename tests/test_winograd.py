@@ -93,3 +93,16 @@ def test_pass_and_rule_agree_with_onnxruntime(c: int, m: int, size: int, bias: b
 ], ids=["narrow", "strided"])
 def test_other_convolutions_stay(model: onnx.ModelProto) -> None:
     assert not any(n.domain == DOMAIN for n in _planned(model).graph.node)
+
+
+def test_symbolic_image_sizes() -> None:
+    # a jax.export of model.fn can leave H and W symbolic: the pixel count is then unknown while
+    # tracing, and the rule convolves with the kernel made back from U
+    hwio = (RNG.standard_normal((3, 3, 8, 8)) / np.sqrt(72)).astype(np.float32)
+    u = winograd.kernel_transform(hwio)
+    h, w = jax.export.symbolic_shape("h, w")
+    spec = jax.ShapeDtypeStruct((1, h, w, 8), np.float32)
+    exported = jax.export.export(jax.jit(lambda x: winograd.convolve(x, u)))(spec)
+    for size in ((9, 9), (12, 7)):
+        x = RNG.standard_normal((1, *size, 8)).astype(np.float32)
+        np.testing.assert_allclose(np.asarray(exported.call(x)), _direct(x, hwio), rtol=1e-5, atol=1e-5)

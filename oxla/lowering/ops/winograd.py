@@ -94,10 +94,15 @@ def conv(cx, x, u, b=None):
     cx.expect_rank("U", u, 4)
     if tuple(u.shape[:2]) != (4, 4) or u.shape[2] != x.shape[-1]:
         raise cx.fail(f"U of shape {tuple(u.shape)} does not fit X of shape {tuple(x.shape)}")
-    u = u.astype(x.dtype)
-    if x.shape[1] * x.shape[2] <= MAX_PIXELS:
-        y = winograd_conv(x, u)
-    else:
-        y = lax.conv_general_dilated(x, kernel(u), (1, 1), [(1, 1), (1, 1)],
-                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    y = convolve(x, u.astype(x.dtype))
     return y if b is None else y + b.astype(y.dtype)
+
+
+def convolve(x: Any, u: Any) -> Any:
+    """Winograd up to MAX_PIXELS per image; above, or where the image size is symbolic (a
+    jax.export of model.fn), XLA's convolution of the kernel made back from U."""
+    pixels = x.shape[1] * x.shape[2]
+    if isinstance(pixels, int) and pixels <= MAX_PIXELS:
+        return winograd_conv(x, u)
+    return lax.conv_general_dilated(x, kernel(u), (1, 1), [(1, 1), (1, 1)],
+                                    dimension_numbers=("NHWC", "HWIO", "NHWC"))
