@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.run import model_path, write_results
+from benchmarks.run import SETTLE, model_path, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "benchmarks" / ".cache" / "ort_quant"
@@ -131,9 +131,8 @@ def bench(model: str, fmt: str, batch: int, runs: int) -> Result:
     block = max(3, runs // 8)  # blocks: onnxruntime's threads spin on after a call
     while len(times[0]) < runs:
         for i, r in enumerate(runners):
-            # each block's first two calls run but are not counted, on every side: right after
-            # another runtime has run, each takes two calls to settle (benchmarks.suite, SETTLE)
-            times[i] += [_timed(r)[1] for _ in range(block + 2)][2:]
+            # each block's first SETTLE calls run but are not counted, on every side
+            times[i] += [_timed(r)[1] for _ in range(block + SETTLE)][SETTLE:]
     # largest difference relative to the output's scale (random-weight logits can be large)
     diff = max(float(np.max(np.abs(np.asarray(g, np.float64) - w)) / max(np.max(np.abs(w)), 1e-30))
                for g, w in zip(got, want))

@@ -28,6 +28,11 @@ import onnx
 from benchmarks import models
 
 CACHE = Path(__file__).resolve().parent / ".cache"
+# Calls run but not counted at the start of each interleaved block (benchmarks.suite, .quantized):
+# right after the other runtime has run, each takes two calls to settle (QDQ ResNet-50 in oxla:
+# 18.1 ms alone; 23.9, 22.8, 18.6, 18.2 ms for the calls after onnxruntime's; onnxruntime 8.6 ms
+# alone, 10.4, 9.4, 8.9, 8.7 after oxla's)
+SETTLE = 2
 
 
 @dataclass(frozen=True)

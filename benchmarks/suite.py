@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.overhead import time_block
+from benchmarks.run import SETTLE
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE_DIR = ROOT / "benchmarks" / ".cache" / "suite"
@@ -93,9 +94,6 @@ def _compare(got: list[Any], want: list[Any]) -> tuple[float, float]:
     return diff, rel
 
 
-SETTLE = 2  # calls run, not counted, at the start of each block
-
-
 def measure(name: str, threads: int, seconds: float) -> Row:
     """One model in this process: load, first call, agreement, then interleaved timing."""
     import onnxruntime as ort
@@ -129,10 +127,7 @@ def measure(name: str, threads: int, seconds: float) -> Row:
     rounds = 0
     while rounds < 5 or min(sum(t) for t in times.values()) < seconds:
         for key, fn in calls.items():
-            # the first SETTLE calls of a block are not counted, on either side: after the other
-            # runtime has run, each takes two calls to reach its own steady state (QDQ ResNet-50
-            # in oxla: 18.1 ms alone; 23.9, 22.8, 18.6, 18.2 ms for the calls right after
-            # onnxruntime's; onnxruntime 8.6 ms alone, 10.4, 9.4, 8.9, 8.7 after oxla's)
+            # the first SETTLE calls of a block are not counted, on either side
             times[key] += time_block(fn, block + SETTLE)[SETTLE:]
         rounds += 1
     return Row(name, threads, statistics.median(times["oxla"]) * 1e3, statistics.median(times["ort"]) * 1e3,

@@ -39,8 +39,8 @@ from oxla.host import has_avx512
 # OXLA_YNN_FUSIONS=1 keeps all on everywhere, =0 all off everywhere (for measuring).
 YNN_FUSIONS = os.environ.get("OXLA_YNN_FUSIONS", "")
 KEEP_YNN = frozenset({"RNN", "GRU", "LSTM", "Scan", "Loop", "ConvInteger", "MatMulInteger"})
-KEEP_YNN_PREFIXES = ("QLinear", "DynamicQuantize", "MatMulInteger", "QGemm", "QAttention",
-                     "MatMulNBits", "QOrdered")
+KEEP_YNN_PREFIXES = ("QLinear", "DynamicQuantize", "QGemm", "QAttention", "MatMulNBits",
+                     "QOrdered")
 
 _LOCK = threading.Lock()
 _DEVICE: list[Any] = []
@@ -80,12 +80,13 @@ def compiler_options(device: Any, op_types: Iterable[str]) -> dict[str, Any]:
         return {}
     options: dict[str, Any] = {"xla_cpu_prefer_vector_width": 512} if has_avx512() else {}
     ops = set(op_types)
-    if YNN_FUSIONS == "1" or (YNN_FUSIONS != "0" and any(
-            op in KEEP_YNN or op.startswith(KEEP_YNN_PREFIXES) for op in ops)):
+    if YNN_FUSIONS == "0":
+        return {**options, "xla_cpu_experimental_ynn_fusion_type": ""}
+    if YNN_FUSIONS == "1" or any(op in KEEP_YNN or op.startswith(KEEP_YNN_PREFIXES) for op in ops):
         return options
-    if YNN_FUSIONS != "0" and ops & CONVOLUTIONS:
+    if ops & CONVOLUTIONS:
         return {**options, "xla_cpu_experimental_ynn_fusion_type": CONV_ONLY}
-    if YNN_FUSIONS != "0" and _cores() > 1:
+    if _cores() > 1:
         return options
     return {**options, "xla_cpu_experimental_ynn_fusion_type": ""}
 

@@ -57,7 +57,6 @@ def is_regular(path: str | os.PathLike[str]) -> bool:
 
 
 @functools.cache
-@functools.cache
 def has_avx512() -> bool:
     """Whether this CPU has AVX-512 (Linux: /proc/cpuinfo; elsewhere assume not)."""
     try:

@@ -38,7 +38,7 @@ def _eligible(node: NodeProto) -> bool:
     return auto_pad in ("NOTSET", "") and list(attrs.get("pads", [0, 0, 0, 0])) == [1, 1, 1, 1]
 
 
-def _hwio(model: ModelProto, node: NodeProto, producers: dict[str, NodeProto],
+def _hwio(node: NodeProto, producers: dict[str, NodeProto],
           inits: dict[str, TensorProto]) -> tuple[np.ndarray, list[str]] | None:
     """The (3, 3, C, M) kernel of `node` and the names it came from (a Transpose of WeightLayoutPass's
     HWIO initializer, or an OIHW initializer), or None."""
@@ -72,7 +72,7 @@ def convs_to_winograd(model: ModelProto) -> int:
     for node in graph.node:
         if node.op_type != "Conv" or node.domain != LAST or len(node.input) < 2 or not _eligible(node):
             continue
-        found = _hwio(model, node, producers, inits)
+        found = _hwio(node, producers, inits)
         if found is None:
             continue
         hwio, names = found

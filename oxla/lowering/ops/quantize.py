@@ -109,32 +109,27 @@ def dequantize_linear(cx, x, x_scale, x_zero_point=None, *, axis=1, block_size=0
     if out == np.dtype(ml_dtypes.float8_e8m0fnu):
         raise cx.fail("the output type cannot be float8e8m0; set output_dtype")
     wide = jnp.float64 if out == np.float64 else jnp.float32  # products of fp16 values are exact in fp32
-    # int32 (a com.microsoft type) subtracts in int32 first, wrapping as onnxruntime's does:
-    # float32 cannot hold every int32
-    sub = jnp.int32 if np.dtype(x.dtype) == np.int32 else wide
-    if wide == jnp.float32 and sub == wide and not isinstance(x, (np.ndarray, np.generic)):
-        # (x - zp) * scale is exact in float64 for every input type but int32 (at most 17 by 24
-        # bits), so its float32 rounding is the float32 product; and a converted product is not
-        # an LLVM float multiply that could be contracted with a following Add into an FMA. The
-        # float32 product must otherwise be stored: DQ + DQ + Add + QuantizeLinear over 1x256x56x56
-        # took 552 us that way, 357 us this way (one thread).
-        sub = jnp.float64
+    if np.dtype(x.dtype) == np.int32:
+        # int32 (a com.microsoft type) subtracts in int32 first, wrapping as onnxruntime's does
+        # (float32 cannot hold every int32); the float32 product is then stored, so that XLA
+        # cannot contract it with a later Add into an FMA
+        sub, work = jnp.int32, wide
+    else:
+        # (x - zp) * scale is exact in float64 for every other input type (at most 17 by 24
+        # bits), so its float32 rounding is the float32 product, and a converted product is not
+        # an LLVM float multiply that could be contracted with a later Add. Stored float32
+        # products instead: DQ + DQ + Add + QuantizeLinear over 1x256x56x56 took 552 us, 357 us
+        # this way (one thread).
+        sub = work = jnp.float64 if wide == jnp.float32 else wide
     dx = x.astype(sub)
     if x_zero_point is not None:
         if np.dtype(x_zero_point.dtype) != np.dtype(x.dtype):
             raise cx.fail(f"x_zero_point has type {x_zero_point.dtype}, x has {x.dtype}")
         dx = dx - _param(cx, "x_zero_point", x_zero_point, x.shape, axis, block_size).astype(sub)
-    if sub == jnp.float64 and wide == jnp.float32:
-        scale = _param(cx, "x_scale", x_scale, x.shape, axis, block_size).astype(jnp.float64)
-        return (dx * scale).astype(jnp.float32).astype(out)
-    dx = dx.astype(wide)
-    scale = _param(cx, "x_scale", x_scale, x.shape, axis, block_size).astype(wide)
-    # rounded to float32 here (stored), so that XLA cannot fuse the product into an FMA with a
-    # later Add
-    y = dx * scale
-    if wide == jnp.float32 and not isinstance(y, (np.ndarray, np.generic)):
+    y = dx.astype(work) * _param(cx, "x_scale", x_scale, x.shape, axis, block_size).astype(work)
+    if work == jnp.float32 and not isinstance(y, (np.ndarray, np.generic)):
         y = qmath.stored(y)
-    return y.astype(out)
+    return y.astype(wide).astype(out)
 
 
 @rule("DynamicQuantizeLinear", since=11)

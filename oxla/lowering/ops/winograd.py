@@ -34,17 +34,9 @@ AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], np.float64)
 P = np.array([[1, 0, 0, 0], [0, 1, -1, 0], [0, 0, 0, 1]], np.float64)
 
 
-def _g_rows(g: np.ndarray, axis: int) -> np.ndarray:
-    """G applied along `axis` (length 3 -> 4): g0, (g0 + g1 + g2) / 2, (g0 - g1 + g2) / 2, g2."""
-    g0, g1, g2 = (np.take(g, i, axis=axis) for i in range(3))
-    outer = g0 + g2
-    return np.stack([g0, (outer + g1) * 0.5, (outer - g1) * 0.5, g2], axis=axis)
-
-
 def kernel_transform(hwio: np.ndarray) -> np.ndarray:
-    """U = G g G^T of a (3, 3, C, M) kernel, as (4, 4, C, M) float32 (computed in float64; adds
-    instead of an einsum: ResNet-50's kernels 0.43 -> ~0.1 s at load)."""
-    return _g_rows(_g_rows(hwio.astype(np.float64), 0), 1).astype(np.float32)
+    """U = G g G^T of a (3, 3, C, M) kernel, as (4, 4, C, M) float32 (computed in float64)."""
+    return np.einsum("ij,jkcm,lk->ilcm", G, hwio.astype(np.float64), G).astype(np.float32)
 
 
 def _combine(rows: np.ndarray, terms: list[Any]) -> list[Any]:
