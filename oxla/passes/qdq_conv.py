@@ -199,16 +199,70 @@ def _rewrite(g: _Graph, conv: NodeProto) -> tuple[list[NodeProto], list[TensorPr
     return nodes, consts
 
 
+def _int32_bias(g: _Graph, name: str, scale: np.ndarray) -> str | None:
+    """The int32 input of a constant bias DequantizeLinear whose scale is `scale` (x_scale *
+    w_scale in float32, as onnxruntime's quantizer writes it) and zero point 0, else None."""
+    dq = g.producer.get(name)
+    if not _dq(dq) or dq is None:
+        return None
+    b, b_scale = g.const(dq.input[0]), g.const(dq.input[1])
+    b_zp = g.const(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else np.zeros(1, np.int32)
+    if b is None or b_scale is None or b_zp is None or b.dtype != np.int32 or b.ndim != 1 \
+            or b_scale.dtype != np.float32 or np.any(b_zp) or _attrs(dq).get("block_size", 0):
+        return None
+    if b_scale.size not in (1, b.size) or not np.array_equal(np.broadcast_to(b_scale.reshape(-1), scale.shape), scale):
+        return None
+    return dq.input[0]
+
+
+def _as_qlinear(g: _Graph, conv: NodeProto, q: NodeProto | None) -> NodeProto | None:
+    """DequantizeLinear(x) -> Conv(DequantizeLinear(w), DequantizeLinear(int32 b)) -> its only
+    reader QuantizeLinear, all per tensor but w, as the QLinearConv onnxruntime's QDQ fusion runs
+    in its place (int32 bias added to the accumulator, one float32 requantisation), or None."""
+    if q is None or q.op_type != "QuantizeLinear" or q.domain not in ("", "ai.onnx") or g.opset < 10 \
+            or _attrs(q).get("output_dtype", 0):
+        return None
+    dx, dw = g.producer.get(conv.input[0]), g.producer.get(conv.input[1])
+    if dx is None or dw is None:
+        return None
+    xq, wq, yq = _quantized_input(g, dx), _weights(g, dw), _quantized_input(g, q)
+    if xq is None or wq is None or yq is None:
+        return None
+    inputs = [dx.input[0], dx.input[1], dx.input[2], dw.input[0], dw.input[1], dw.input[2], q.input[1], q.input[2]]
+    if len(conv.input) > 2 and conv.input[2]:
+        b = _int32_bias(g, conv.input[2], (xq[0].reshape(()) * wq[1]).astype(np.float32))
+        if b is None:
+            return None
+        inputs.append(b)
+    return helper.make_node("QLinearConv", inputs, [q.output[0]], name=conv.name, **_attrs(conv))
+
+
 def qdq_conv_to_integer(model: ModelProto) -> int:
-    """Rewrite DequantizeLinear -> Conv groups with constant 8-bit weights as ConvInteger; drop
-    the DequantizeLinear nodes and initializers nothing reads any more. Returns how many."""
+    """Rewrite DequantizeLinear -> Conv groups with constant 8-bit weights: as QLinearConv where a
+    QuantizeLinear alone reads the Conv (what onnxruntime runs: its QDQ fusion), else as
+    ConvInteger; drop the DequantizeLinear and QuantizeLinear nodes and the initializers nothing
+    reads any more. Returns how many."""
     graph = model.graph
     g = _Graph(graph, model_opsets(model.opset_import).get("", 0))
+    readers: dict[str, list[NodeProto]] = {o.name: [NodeProto()] for o in graph.output}
+    for node in graph.node:
+        for name in node_reads(node):
+            readers.setdefault(name, []).append(node)
     out: list[NodeProto] = []
+    fused: set[str] = set()  # outputs of the QuantizeLinear nodes QLinearConv nodes replace
     count = 0
     for node in graph.node:
-        done = _rewrite(g, node) if node.op_type == "Conv" and node.domain in ("", "ai.onnx") \
-            and len(node.input) > 1 else None
+        if node.op_type == "QuantizeLinear" and node.output[0] in fused:
+            continue
+        conv = node.op_type == "Conv" and node.domain in ("", "ai.onnx") and len(node.input) > 1
+        only = readers.get(node.output[0], []) if conv else []
+        qlinear = _as_qlinear(g, node, only[0]) if conv and len(only) == 1 else None
+        if qlinear is not None:
+            out.append(qlinear)
+            fused.add(qlinear.output[0])
+            count += 1
+            continue
+        done = _rewrite(g, node) if conv else None
         if done is None:
             out.append(node)
             continue
@@ -217,6 +271,51 @@ def qdq_conv_to_integer(model: ModelProto) -> int:
         count += 1
     if count:
         _drop_dead(graph, out)
+    return count
+
+
+def quantized_max_pools(model: ModelProto) -> int:
+    """Rewrite DequantizeLinear -> MaxPool -> QuantizeLinear, both with the same constant
+    per-tensor 8-bit scale and zero point, as MaxPool of the 8-bit values; returns how many.
+
+    Exact: dequantization increases with the value (the scale is positive), so the max commutes
+    with it, and quantizing a dequantized value with its own parameters gives it back (the
+    float32 round trip is off by far less than 0.5 before rounding). The 8-bit pool pads with
+    the type's minimum, which no window's max can be below, as the float pool's padding is -inf.
+    onnxruntime runs its QDQ MaxPool on the 8-bit values too. A QDQ ResNet-50 dequantized
+    and pooled 64x112x112 float32 values (0.3 ms at one thread)."""
+    graph = model.graph
+    g = _Graph(graph, model_opsets(model.opset_import).get("", 0))
+    readers: dict[str, int] = {o.name: 1 for o in graph.output}
+    for node in graph.node:
+        for name in node_reads(node):
+            readers[name] = readers.get(name, 0) + 1
+    first_reader: dict[str, NodeProto] = {}
+    for node in graph.node:
+        for name in node.input:
+            first_reader.setdefault(name, node)
+    skip: set[int] = set()
+    count = 0
+    for pool in graph.node:
+        if pool.op_type != "MaxPool" or pool.domain not in ("", "ai.onnx") or any(pool.output[1:]):
+            continue
+        dq, q = g.producer.get(pool.input[0]), first_reader.get(pool.output[0])
+        if not _dq(dq) or dq is None or q is None or q.op_type != "QuantizeLinear" \
+                or q.domain not in ("", "ai.onnx") or readers.get(pool.input[0]) != 1 \
+                or readers.get(pool.output[0]) != 1 or q.input[0] != pool.output[0]:
+            continue
+        here, there = _quantized_input(g, dq), _quantized_input(g, q)
+        if here is None or there is None or _attrs(q).get("output_dtype", 0) \
+                or not all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(here, there)):
+            continue
+        pool.input[0] = dq.input[0]
+        pool.output[0] = q.output[0]
+        skip.update({id(dq), id(q)})
+        count += 1
+    if count:
+        kept = [n for n in graph.node if id(n) not in skip]
+        del graph.node[:]
+        graph.node.extend(kept)
     return count
 
 

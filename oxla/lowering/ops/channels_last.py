@@ -12,9 +12,11 @@ from jax import lax
 
 from oxla.lowering.common import accum_dtype, xp
 from oxla.lowering.ops import conv_forms
+from oxla.lowering.ops.conv import conv_integer as conv_integer_first
 from oxla.lowering.ops.conv import conv_transpose as conv_transpose_first
 from oxla.lowering.ops.conv import conv_window, transpose_window
 from oxla.lowering.ops.pool import lowest, wide, window
+from oxla.lowering.ops.qmath import int_conv_last
 from oxla.lowering.registry import rule
 from oxla.passes.channels_last import DOMAIN
 from oxla.passes.pad_ahead import DOMAIN as PAD_AHEAD
@@ -109,3 +111,19 @@ def zero_border(cx, x, *, pads=None):
             inside = (i >= lo) & (i < x.shape[axis] - hi)
             keep = inside if keep is None else keep & inside
     return x if keep is None else jnp.where(keep, x, jnp.zeros((), x.dtype))
+
+
+@rule("ConvInteger", since=1, domain=DOMAIN)
+def conv_integer(cx, x, w, x_zero_point=None, w_zero_point=None, *, auto_pad="NOTSET",
+                 dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    """ConvInteger with X and Y channels last and W as (kH, kW, C, M); zero points, which the
+    pass does not move, and groups take the channels-first rule between transposes."""
+    w_first = jax.ShapeDtypeStruct((w.shape[-1], w.shape[-2], *w.shape[:-2]), w.dtype)
+    s, padding, d = conv_window(cx, _first(x), w_first, auto_pad=auto_pad, dilations=dilations,
+                                group=group, kernel_shape=kernel_shape, pads=pads, strides=strides)
+    if x_zero_point is not None or w_zero_point is not None or group != 1 or x.ndim != 4:
+        y = conv_integer_first(cx, jnp.moveaxis(x, -1, 1), jnp.transpose(w, (3, 2, 0, 1)),
+                               x_zero_point, w_zero_point, auto_pad=auto_pad, dilations=dilations,
+                               group=group, kernel_shape=kernel_shape, pads=pads, strides=strides)
+        return jnp.moveaxis(y, 1, -1)
+    return int_conv_last(x, w, s, padding, d)

@@ -345,3 +345,65 @@ def int_conv(x, w, x_zero_point, w_zero_point, strides, padding: Pads, dilations
     if group != 1:  # grouped (depthwise) ones: float products, exact (see _conv_float)
         return _conv_float(x, w, x_zero_point, w_zero_point, strides, padding, dilations, group)
     return _conv_int8(x, w, x_zero_point, w_zero_point, strides, padding, dilations)
+
+
+# Channels-last int8 convolutions (one core, QDQ ResNet-50 shapes): a 1x1 kernel is one GEMM
+# over the (strided) pixels; a larger one goes to XLA's convolution (YNNPACK's int8 kernel) from
+# 28x28 outputs and 16 channels up (64 channels 3x3 at 56x56: 0.24 ms against 0.70 ms as
+# columns), and is one GEMM over im2col columns below (512 channels at 7x7: 0.67 against 1.0 ms;
+# a 7x7 stem over 3 channels at 224x224: 1.0 against 4.7 ms).
+YNN_MIN_CHANNELS = 16
+YNN_MIN_PIXELS = 28 * 28
+
+
+def int_conv_last(x, w, strides, padding: Pads, dilations):
+    """conv(x, w) in int32 for 8-bit x (N, H, W, C) and w (kH, kW, C, M) without zero points,
+    channels last: int8 operands (uint8 ones shifted by 128, the shift's share added back from
+    the weights' sums), X padded with zeros."""
+    a8, ca = as_int8(x, None)
+    b8, cb = as_int8(w, None)
+    if ca is not None:  # pad with -128 so a padded a8 + 128 is 0
+        a8 = lax.pad(a8, jnp.int8(-128), [(0, 0, 0), *[(lo, hi, 0) for lo, hi in padding], (0, 0, 0)])
+        padding = [(0, 0)] * len(padding)
+    c = w.shape[-2]
+    out = [(size + lo + hi - (k - 1) * d - 1) // st + 1
+           for size, (lo, hi), k, st, d in zip(a8.shape[1:-1], padding, w.shape[:-2], strides, dilations)]
+    if c >= YNN_MIN_CHANNELS and math.prod(out) >= YNN_MIN_PIXELS and math.prod(w.shape[:-2]) > 1:
+        acc = lax.conv_general_dilated(a8, b8, tuple(strides), list(padding), rhs_dilation=tuple(dilations),
+                                       dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                       preferred_element_type=I32)
+    else:
+        acc = _columns_last_product(a8, b8, strides, padding, dilations)
+    k = math.prod(w.shape[:-1])
+    if cb is not None:  # (a8 + ca) (b8 + cb) = a8 b8 + cb * sum(a8) + ca * sum(b8) + k ca cb
+        ones = jnp.ones((*w.shape[:-1], 1), jnp.int8)
+        window = _columns_last_product(a8, ones, strides, padding, dilations)
+        acc = acc + cb * window
+    if ca is not None:
+        acc = acc + ca * jnp.sum(b8, axis=(0, 1, 2), dtype=I32)
+        if cb is not None:
+            acc = acc + k * ca * cb
+    return acc
+
+
+def _columns_last_product(a8, b8, strides, padding: Pads, dilations):
+    """a8 (N, H, W, C) convolved with b8 (kH, kW, C, M) as one int8 GEMM over channels-last im2col
+    columns, each tap's C channels in a slot of 4 (zeros in the rest: one aligned 4-byte group per
+    tap), int32 (N, oH, oW, M)."""
+    if any(lo or hi for lo, hi in padding):
+        a8 = lax.pad(a8, jnp.int8(0), [(0, 0, 0), *[(lo, hi, 0) for lo, hi in padding], (0, 0, 0)])
+    kernel, c, m = b8.shape[:-2], b8.shape[-2], b8.shape[-1]
+    slot = -(-c // 4) * 4
+    out = [(size - (k - 1) * d - 1) // s + 1
+           for size, k, s, d in zip(a8.shape[1:-1], kernel, strides, dilations)]
+    cols = []
+    for taps in itertools.product(*(range(k) for k in kernel)):
+        index = tuple(slice(t * d, t * d + (o - 1) * s + 1, s)
+                      for t, o, s, d in zip(taps, out, strides, dilations))
+        tap = a8[(slice(None), *index, slice(None))]
+        cols.append(tap if slot == c else jnp.pad(tap, [(0, 0)] * (tap.ndim - 1) + [(0, slot - c)]))
+    n = a8.shape[0]
+    columns = jnp.concatenate(cols, axis=-1).reshape(n * math.prod(out), -1)
+    wk = b8 if slot == c else jnp.pad(b8, [(0, 0)] * (b8.ndim - 2) + [(0, slot - c), (0, 0)])
+    columns, wk = _materialized(columns, wk.reshape(-1, m))
+    return jnp.matmul(columns, wk, preferred_element_type=I32).reshape(n, *out, m)

@@ -1,0 +1,146 @@
+"""Quantized convolution nets channels last: ConvInteger's twin, QDQ groups as onnxruntime fuses them.
+
+- ChannelsLastPass moves ConvInteger (without zero points), Pad, QuantizeLinear and
+  DequantizeLinear; `oxla.channels_last::ConvInteger` picks a GEMM, XLA's int8 convolution or
+  im2col columns by shape, each exact in int32.
+- QDQConvToIntegerPass writes DequantizeLinear -> Conv -> QuantizeLinear as the QLinearConv
+  onnxruntime's QDQ fusion runs, and quantized_max_pools pools the 8-bit values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import oxla
+from oxla.lowering.context import Options
+from oxla.passes import channels_last
+from oxla.passes.qdq_conv import quantized_max_pools
+
+
+def _conv_reference(x: np.ndarray, w: np.ndarray, stride: int, pad: int, dilation: int) -> np.ndarray:
+    """conv(x, w) in int64, NCHW / OIHW, zero padding."""
+    xp = np.pad(x.astype(np.int64), [(0, 0), (0, 0), (pad, pad), (pad, pad)])
+    m, _, kh, kw = w.shape
+    oh = (xp.shape[2] - (kh - 1) * dilation - 1) // stride + 1
+    ow = (xp.shape[3] - (kw - 1) * dilation - 1) // stride + 1
+    y = np.zeros((x.shape[0], m, oh, ow), np.int64)
+    for i in range(kh):
+        for j in range(kw):
+            win = xp[:, :, i * dilation:i * dilation + (oh - 1) * stride + 1:stride,
+                     j * dilation:j * dilation + (ow - 1) * stride + 1:stride]
+            y += np.einsum("nchw,mc->nmhw", win, w[:, :, i, j].astype(np.int64))
+    return y
+
+
+def _conv_integer_net(x_dtype: type, c: int, m: int, k: int, stride: int, pad: int,
+                      dilation: int) -> tuple[onnx.ModelProto, np.ndarray]:
+    """x -> ConvInteger(x, W) -> Relu-free Cast to float: a ConvInteger between channels-last ops."""
+    rng = np.random.default_rng(c * 100 + k)
+    w = rng.integers(-127, 128, (m, c, k, k)).astype(np.int8)
+    nodes = [helper.make_node("ConvInteger", ["x", "w"], ["acc"], pads=[pad] * 4, strides=[stride] * 2,
+                              dilations=[dilation] * 2),
+             helper.make_node("Cast", ["acc"], ["y"], to=TensorProto.FLOAT)]
+    elem = TensorProto.UINT8 if x_dtype == np.uint8 else TensorProto.INT8
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", elem, [1, c, 30, 30])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), w
+
+
+SHAPES = {  # (x dtype, C, M, kernel, stride, pad, dilation): which form each takes
+    "1x1-gemm": (np.int8, 32, 24, 1, 1, 0, 1),
+    "1x1-strided-gemm": (np.int8, 32, 24, 1, 2, 0, 1),
+    "3x3-xla-convolution": (np.int8, 32, 16, 3, 1, 1, 1),
+    "3x3-strided-columns": (np.int8, 32, 16, 3, 2, 1, 1),
+    "3x3-dilated": (np.int8, 16, 8, 3, 1, 2, 2),
+    "uint8-x-shifted": (np.uint8, 32, 16, 3, 1, 1, 1),
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=list(SHAPES))
+def test_conv_integer_channels_last_is_exact(shape: str) -> None:
+    x_dtype, c, m, k, stride, pad, dilation = SHAPES[shape]
+    model, w = _conv_integer_net(x_dtype, c, m, k, stride, pad, dilation)
+    info = np.iinfo(x_dtype)
+    x = np.random.default_rng(1).integers(info.min, info.max + 1, (1, c, 30, 30)).astype(x_dtype)
+    session = oxla.CompiledModel(model, Options(layout_weights=True))
+    assert [(n.domain, n.op_type) for n in session.plan.nodes if "Conv" in n.op_type] \
+        == [(channels_last.DOMAIN, "ConvInteger")]
+    got = np.asarray(session({"x": x})["y"])
+    np.testing.assert_array_equal(got, _conv_reference(x, w, stride, pad, dilation).astype(np.float32))
+
+
+def test_conv_integer_stem_stays_channels_first() -> None:
+    """Fewer than 16 input channels: the columns are cheaper channels first (the pass leaves it)."""
+    model, w = _conv_integer_net(np.int8, 3, 16, 7, 2, 3, 1)
+    x = np.random.default_rng(2).integers(-128, 128, (1, 3, 30, 30)).astype(np.int8)
+    session = oxla.CompiledModel(model, Options(layout_weights=True))
+    assert [(n.domain, n.op_type) for n in session.plan.nodes if "Conv" in n.op_type] == [("", "ConvInteger")]
+    np.testing.assert_array_equal(np.asarray(session({"x": x})["y"]),
+                                  _conv_reference(x, w, 2, 3, 1).astype(np.float32))
+
+
+def _qdq_block() -> onnx.ModelProto:
+    """x -> Q -> DQ -> Conv(DQ(w), DQ(int32 b)) -> Q -> DQ -> MaxPool -> Q -> DQ -> Conv 1x1 -> Q
+    -> DQ -> y: per-tensor activations, per-channel weights, biases scaled x_scale * w_scale."""
+    rng = np.random.default_rng(7)
+    inits, nodes = [], [helper.make_node("QuantizeLinear", ["x", "s0", "z0"], ["q0"])]
+    scales = [np.float32(0.031), np.float32(0.047), np.float32(0.052)]
+    for i, s in enumerate(scales):
+        inits += [numpy_helper.from_array(np.array(s, np.float32), f"s{i}"),
+                  numpy_helper.from_array(np.array(120 + 3 * i, np.uint8), f"z{i}")]
+    x_in = "q0"
+    for i, (c, m, k) in enumerate([(16, 32, 3), (32, 24, 1)]):
+        w = rng.integers(-127, 128, (m, c, k, k)).astype(np.int8)
+        ws = rng.uniform(0.002, 0.01, m).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(ws, f"ws{i}"),
+                  numpy_helper.from_array(np.zeros(m, np.int8), f"wz{i}"),
+                  numpy_helper.from_array(rng.integers(-5000, 5000, m).astype(np.int32), f"b{i}"),
+                  numpy_helper.from_array((scales[i] * ws).astype(np.float32), f"bs{i}"),
+                  numpy_helper.from_array(np.zeros(m, np.int32), f"bz{i}")]
+        nodes += [helper.make_node("DequantizeLinear", [x_in, f"s{i}", f"z{i}"], [f"xd{i}"]),
+                  helper.make_node("DequantizeLinear", [f"w{i}", f"ws{i}", f"wz{i}"], [f"wd{i}"], axis=0),
+                  helper.make_node("DequantizeLinear", [f"b{i}", f"bs{i}", f"bz{i}"], [f"bd{i}"], axis=0),
+                  helper.make_node("Conv", [f"xd{i}", f"wd{i}", f"bd{i}"], [f"c{i}"], pads=[k // 2] * 4),
+                  helper.make_node("QuantizeLinear", [f"c{i}", f"s{i + 1}", f"z{i + 1}"], [f"q{i + 1}"])]
+        x_in = f"q{i + 1}"
+        if i == 0:
+            nodes += [helper.make_node("DequantizeLinear", ["q1", "s1", "z1"], ["pd"]),
+                      helper.make_node("MaxPool", ["pd"], ["p"], kernel_shape=[3, 3], strides=[2, 2],
+                                       pads=[1, 1, 1, 1]),
+                      helper.make_node("QuantizeLinear", ["p", "s1", "z1"], ["pq"])]
+            x_in = "pq"
+    nodes.append(helper.make_node("DequantizeLinear", [x_in, "s2", "z2"], ["y"]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 48, 48])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def test_qdq_block_runs_as_onnxruntime_fuses_it() -> None:
+    """Both convolutions as QLinearConv (int32 bias, one float32 requantisation), the pool on
+    8-bit values, channels last: onnxruntime's default level (its QDQ fusions) bit for bit."""
+    model = _qdq_block()
+    session = oxla.CompiledModel(model, Options(layout_weights=True))
+    ops = [(n.domain, n.op_type) for n in session.plan.nodes]
+    assert ("", "Conv") not in ops and ops.count((channels_last.DOMAIN, "ConvInteger")) == 2
+    assert ops.count(("", "DequantizeLinear")) == 1  # only the output's: the pool reads uint8
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    fused = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    for seed in range(6):  # the float graph's roundings differ on about 1 value in 10^4 here
+        x = (np.random.default_rng(seed).standard_normal((1, 16, 48, 48)) * 2).astype(np.float32)
+        np.testing.assert_array_equal(np.asarray(session({"x": x})["y"]), fused.run(None, {"x": x})[0])
+
+
+def test_quantized_max_pool_needs_the_same_parameters() -> None:
+    """A pool between different scales keeps its float form; the same ones pool the bytes."""
+    model = _qdq_block()
+    assert quantized_max_pools(model) == 1
+    other = _qdq_block()
+    pool_q = next(n for n in other.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "p")
+    pool_q.input[1] = "s2"
+    assert quantized_max_pools(other) == 0
