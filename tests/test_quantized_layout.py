@@ -144,3 +144,21 @@ def test_quantized_max_pool_needs_the_same_parameters() -> None:
     pool_q = next(n for n in other.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "p")
     pool_q.input[1] = "s2"
     assert quantized_max_pools(other) == 0
+
+
+def test_qoperator_residual_adds_stay_channels_last() -> None:
+    """onnxruntime's QLinearAdd after channels-last convolutions reads and writes channels last
+    (no Transpose around each residual add); the file still agrees exactly (test_ort_quant_models)."""
+    import os
+
+    from oxla.plan import prepare
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "ort_quant",
+                        "resnet_half.qop.onnx")
+    model = onnx.load(path)
+    prepare(model, Options(layout_weights=True))
+    adds = [n for n in model.graph.node if n.op_type == "QLinearAdd"]
+    after = [n for n in adds if any(i.endswith(channels_last.SUFFIX) for i in n.input)]
+    assert len(after) == 4 and all(n.input[0].endswith(channels_last.SUFFIX)
+                                   and n.input[3].endswith(channels_last.SUFFIX) for n in after)
+    assert sum(n.op_type == "Transpose" for n in model.graph.node) <= 3

@@ -172,6 +172,8 @@ class _Rewrite:
             return
         if canonical_domain(node.domain) == "" and not _attr(node, "broadcast") and self._convert(node):
             return
+        if node.domain == "com.microsoft" and self._contrib(node):
+            return
         for name in sorted(node_reads(node)):
             self.to_first(name)
         self.nodes.append(node)
@@ -223,6 +225,26 @@ class _Rewrite:
         if op == "Resize" and self.opset >= 11:
             return self._resize(node)
         return False
+
+    def _contrib(self, node: NodeProto) -> bool:
+        """onnxruntime's QLinearAdd/QLinearMul with per-tensor parameters (elementwise on A and
+        B) and QLinearGlobalAveragePool (its channels_last attribute set) on channels-last
+        inputs: QOperator models' residual adds and pool, which stay com.microsoft ops."""
+        op, ins = node.op_type, list(node.input)
+        if op == "QLinearGlobalAveragePool" and ins and ins[0] in self.last \
+                and not _attr(node, "channels_last"):
+            self.emit(node, [self.last[ins[0]], *ins[1:]], attrs={"channels_last": 1})
+            return True
+        if op not in ("QLinearAdd", "QLinearMul") or len(ins) < 7:
+            return False
+        params = [n for i, n in enumerate(ins) if i not in (0, 3) and n]
+        if not (ins[0] in self.last or ins[3] in self.last) \
+                or any(self.operand(n, make=False) is None for n in (ins[0], ins[3])) \
+                or any((v := self.consts(n)) is None or v.size != 1 for n in params):
+            return False
+        ins[0], ins[3] = self.operand(ins[0]) or "", self.operand(ins[3]) or ""
+        self.emit(node, ins)
+        return True
 
     def _conv_integer(self, node: NodeProto) -> bool:
         """ConvInteger, 2-D, group 1, no zero points, not a stem: X channels last, W as (kH, kW,
