@@ -162,3 +162,16 @@ def test_qoperator_residual_adds_stay_channels_last() -> None:
     assert len(after) == 4 and all(n.input[0].endswith(channels_last.SUFFIX)
                                    and n.input[3].endswith(channels_last.SUFFIX) for n in after)
     assert sum(n.op_type == "Transpose" for n in model.graph.node) <= 3
+
+
+def test_planned_quantized_model_runs_in_onnxruntime() -> None:
+    """The planned QDQ block (channels-last ConvInteger, oxla.quantized::Requantize) carries ONNX
+    function bodies: onnxruntime runs it and gets oxla's bytes."""
+    model = _qdq_block()
+    session = oxla.CompiledModel(model, Options(layout_weights=True))
+    planned = session.model
+    domains = {n.domain for n in planned.graph.node}
+    assert {channels_last.DOMAIN, "oxla.quantized"} <= domains
+    again = ort.InferenceSession(planned.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = (np.random.default_rng(9).standard_normal((1, 16, 48, 48)) * 2).astype(np.float32)
+    np.testing.assert_array_equal(again.run(None, {"x": x})[0], np.asarray(session({"x": x})["y"]))

@@ -41,6 +41,7 @@ from onnx import (
 )
 
 from oxla.graph import canonical_domain, model_opsets, node_reads, tensor_value
+from oxla.passes.qlinear_conv import DOMAIN as REQUANTIZE
 
 DOMAIN = "oxla.channels_last"
 SUFFIX = "__oxla_nhwc"
@@ -172,7 +173,7 @@ class _Rewrite:
             return
         if canonical_domain(node.domain) == "" and not _attr(node, "broadcast") and self._convert(node):
             return
-        if node.domain == "com.microsoft" and self._contrib(node):
+        if node.domain in ("com.microsoft", REQUANTIZE) and self._contrib(node):
             return
         for name in sorted(node_reads(node)):
             self.to_first(name)
@@ -229,8 +230,14 @@ class _Rewrite:
     def _contrib(self, node: NodeProto) -> bool:
         """onnxruntime's QLinearAdd/QLinearMul with per-tensor parameters (elementwise on A and
         B) and QLinearGlobalAveragePool (its channels_last attribute set) on channels-last
-        inputs: QOperator models' residual adds and pool, which stay com.microsoft ops."""
+        inputs: QOperator models' residual adds and pool, which stay com.microsoft ops; and
+        oxla.quantized::Requantize (elementwise, its multiplier re-laid out)."""
         op, ins = node.op_type, list(node.input)
+        if node.domain == REQUANTIZE:  # oxla.quantized::Requantize(acc, multiplier, zero point)
+            if op != "Requantize" or ins[0] not in self.last or self.operand(ins[1], make=False) is None:
+                return False
+            self.emit(node, [self.last[ins[0]], self.operand(ins[1]) or "", ins[2]])
+            return True
         if op == "QLinearGlobalAveragePool" and ins and ins[0] in self.last \
                 and not _attr(node, "channels_last"):
             self.emit(node, [self.last[ins[0]], *ins[1:]], attrs={"channels_last": 1})
@@ -506,6 +513,11 @@ def _rank_of(node: NodeProto, ranks: dict[str, int], lengths: dict[str, int]) ->
     """The rank of a node's first output, when its op and its inputs' ranks decide it."""
     op, ins = node.op_type, list(node.input)
     first = ranks.get(ins[0]) if ins else None
+    if node.domain == REQUANTIZE and op == "Requantize":
+        return first
+    if node.domain == "com.microsoft" and op in ("QLinearAdd", "QLinearMul") and len(ins) > 3:
+        pair = [ranks.get(ins[0]), ranks.get(ins[3])]
+        return None if None in pair else max(r for r in pair if r is not None)
     if canonical_domain(node.domain) != "":
         return None
     if op == "Constant" and node.attribute and node.attribute[0].name == "value":

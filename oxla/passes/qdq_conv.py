@@ -180,11 +180,11 @@ def _rewrite(g: _Graph, conv: NodeProto) -> tuple[list[NodeProto], list[TensorPr
     scale = (x_scale.reshape(()) * w_scale).astype(np.float32)  # one float32 rounding
     consts: list[TensorProto] = []
     attrs = {a.name: attribute_value(a) for a in conv.attribute}
-    centered = centered_conv(g, conv.name + "__oxla_int", (dx.input[0], dx.input[2], dw.input[0], dw.input[2]),
+    centered = centered_conv(g, (conv.name or y) + "__oxla_int", (dx.input[0], dx.input[2], dw.input[0], dw.input[2]),
                              w, attrs, y + "__oxla_acc")
     if centered is None:
         nodes = [helper.make_node("ConvInteger", [dx.input[0], dw.input[0], dx.input[2], dw.input[2]],
-                                  [y + "__oxla_acc"], name=conv.name + "__oxla_int", **attrs)]
+                                  [y + "__oxla_acc"], name=(conv.name or y) + "__oxla_int", **attrs)]
     else:
         nodes, more = centered
         consts += more

@@ -11,6 +11,7 @@ from oxla.dtypes import to_numpy_dtype
 from oxla.lowering.ops import qmath
 from oxla.lowering.ops.conv import conv_window
 from oxla.lowering.registry import rule
+from oxla.passes.qlinear_conv import DOMAIN as REQUANTIZE
 
 _FLOAT8 = frozenset(np.dtype(t) for t in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz,
                                           ml_dtypes.float8_e5m2, ml_dtypes.float8_e5m2fnuz))
@@ -195,3 +196,13 @@ def qlinear_conv(cx, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale
         acc = acc + B.astype(jnp.int32).reshape((-1,) + (1,) * n)
     multiplier = qmath.output_scale(x_scale.reshape(()), _per_channel(w_scale, n + 1), y_scale.reshape(()))
     return qmath.requantize(acc, multiplier, y_zero_point.reshape(()), np.dtype(y_zero_point.dtype))
+
+
+@rule("Requantize", since=1, domain=REQUANTIZE)
+def requantize(cx, acc, multiplier, zero_point):
+    """y = saturate(round(float32(acc) * multiplier) + zero_point), multiplier float32 and
+    broadcast against acc, zero_point a scalar of the 8-bit result type (QLinearConvCenteringPass):
+    MlasRequantizeOutput in one loop."""
+    if np.size(zero_point) != 1:
+        raise cx.fail(f"zero_point must be a scalar, got shape {tuple(zero_point.shape)}")
+    return qmath.requantize(acc, multiplier, zero_point.reshape(()), np.dtype(zero_point.dtype))
