@@ -23,7 +23,7 @@ from oxla.passes.constants import large_constants_to_initializers
 from oxla.passes.dequantize_constants import dequantize_constants
 from oxla.passes.nms_split import split_non_max_suppression
 from oxla.passes.pad_ahead import pad_ahead
-from oxla.passes.qdq_conv import qdq_conv_to_integer, quantized_max_pools
+from oxla.passes.qdq_conv import qdq_adds_to_qlinear, qdq_conv_to_integer, quantized_max_pools
 from oxla.passes.qlinear_conv import qlinear_conv_centered
 from oxla.passes.sibling_convs import merge_sibling_convs
 from oxla.passes.static_inputs import required_static
@@ -75,6 +75,7 @@ def prepare(model: ModelProto, options: Options) -> DispatchTable:
         if options.layout_weights:
             qdq_conv_to_integer(model)
             quantized_max_pools(model)
+            qdq_adds_to_qlinear(model)
             qlinear_conv_centered(model)
             dequantize_constants(model, options.memory_limit)
             merge_sibling_convs(model)

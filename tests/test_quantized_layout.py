@@ -175,3 +175,35 @@ def test_planned_quantized_model_runs_in_onnxruntime() -> None:
     again = ort.InferenceSession(planned.SerializeToString(), providers=["CPUExecutionProvider"])
     x = (np.random.default_rng(9).standard_normal((1, 16, 48, 48)) * 2).astype(np.float32)
     np.testing.assert_array_equal(again.run(None, {"x": x})[0], np.asarray(session({"x": x})["y"]))
+
+
+def _qdq_add() -> onnx.ModelProto:
+    """uint8 a, b -> DQ -> Add -> Q -> y, scales 0.1, 0.1 and 0.2: sums land on ties, where the
+    float graph (onnxruntime's basic level) and its fused QLinearAdd round apart (26333 of the
+    65536 pairs)."""
+    inits = []
+    for name, s, z in (("a", 0.1, 131), ("b", 0.1, 117), ("y", 0.2, 125)):
+        inits += [numpy_helper.from_array(np.array(s, np.float32), f"s{name}"),
+                  numpy_helper.from_array(np.array(z, np.uint8), f"z{name}")]
+    nodes = [helper.make_node("DequantizeLinear", ["a", "sa", "za"], ["ad"]),
+             helper.make_node("DequantizeLinear", ["b", "sb", "zb"], ["bd"]),
+             helper.make_node("Add", ["ad", "bd"], ["s"]),
+             helper.make_node("QuantizeLinear", ["s", "sy", "zy"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.UINT8, [256, 256])
+                                           for n in "ab"],
+                              [helper.make_tensor_value_info("y", TensorProto.UINT8, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def test_qdq_add_runs_as_qlinear_add() -> None:
+    """A quantized residual Add is com.microsoft QLinearAdd, as onnxruntime's QDQ fusion makes
+    it: its default level bit for bit, over every pair of uint8 values."""
+    model = _qdq_add()
+    session = oxla.CompiledModel(model, Options(layout_weights=True))
+    ops = [(n.domain, n.op_type) for n in session.plan.nodes]
+    assert ops == [("com.microsoft", "QLinearAdd")]
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    fused = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    a, b = np.meshgrid(np.arange(256, dtype=np.uint8), np.arange(256, dtype=np.uint8), indexing="ij")
+    np.testing.assert_array_equal(np.asarray(session({"a": a, "b": b})["y"]), fused.run(None, {"a": a, "b": b})[0])

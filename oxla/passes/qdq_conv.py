@@ -319,6 +319,48 @@ def quantized_max_pools(model: ModelProto) -> int:
     return count
 
 
+def qdq_adds_to_qlinear(model: ModelProto) -> int:
+    """Rewrite Add(DequantizeLinear(a), DequantizeLinear(b)) -> QuantizeLinear, all per tensor with
+    constant 8-bit parameters of one type and the Add read by that QuantizeLinear alone, as
+    com.microsoft QLinearAdd: the kernel onnxruntime's QDQ fusion runs in its place (a QDQ
+    ResNet-50's residual adds); returns how many. DequantizeLinear nodes nothing else reads go."""
+    graph = model.graph
+    g = _Graph(graph, model_opsets(model.opset_import).get("", 0))
+    readers: dict[str, list[NodeProto]] = {o.name: [NodeProto()] for o in graph.output}
+    for node in graph.node:
+        for name in node_reads(node):
+            readers.setdefault(name, []).append(node)
+    fused: dict[str, NodeProto] = {}  # QuantizeLinear output -> the QLinearAdd made for it
+    adds: set[str] = set()  # outputs of the Add nodes that go
+    for node in graph.node:
+        if node.op_type != "Add" or node.domain not in ("", "ai.onnx") or len(node.input) != 2 \
+                or node.input[0] == node.input[1]:
+            continue
+        only = readers.get(node.output[0], [])
+        q = only[0] if len(only) == 1 else None
+        dqs = [g.producer.get(n) for n in node.input]
+        if q is None or q.op_type != "QuantizeLinear" or q.domain not in ("", "ai.onnx") \
+                or _attrs(q).get("output_dtype", 0) or not all(_dq(d) for d in dqs):
+            continue
+        params = [_quantized_input(g, d) for d in (*dqs, q) if d is not None]
+        if len(params) != 3 or any(p is None for p in params) \
+                or len({p[1].dtype for p in params if p is not None}) != 1:
+            continue
+        a, b = (d.input for d in dqs if d is not None)
+        fused[q.output[0]] = helper.make_node(
+            "QLinearAdd", [a[0], a[1], a[2], b[0], b[1], b[2], q.input[1], q.input[2]], [q.output[0]],
+            name=(node.name or node.output[0]) + "__oxla_qlinear", domain="com.microsoft")
+        adds.add(node.output[0])
+    if not fused:
+        return 0
+    out = [fused.get(n.output[0], n) if n.op_type == "QuantizeLinear" else n
+           for n in graph.node if not (n.op_type == "Add" and n.output[0] in adds)]
+    if "com.microsoft" not in model_opsets(model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    _drop_dead(graph, out)
+    return len(fused)
+
+
 def _drop_dead(graph: GraphProto, nodes: list[NodeProto]) -> None:
     """Keep the nodes whose outputs are still read (only DequantizeLinear ones can die here),
     then the initializers still read."""
