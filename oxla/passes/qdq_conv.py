@@ -41,13 +41,18 @@ def _attrs(node: NodeProto) -> dict:
 
 
 class _Graph:
-    """Initializer values (read once) and producers of the top-level graph."""
+    """Initializer values (read once), producers and readers of the top-level graph."""
 
     def __init__(self, graph: GraphProto, opset: int) -> None:
         self.opset = opset
         fed = {i.name for i in graph.input}
         self.tensors = {t.name: t for t in graph.initializer if t.name not in fed}
         self.producer = {o: n for n in graph.node for o in n.output}
+        # value -> the nodes reading it (a graph output counts as one more, empty, reader)
+        self.readers: dict[str, list[NodeProto]] = {o.name: [NodeProto()] for o in graph.output}
+        for node in graph.node:
+            for name in node_reads(node):
+                self.readers.setdefault(name, []).append(node)
         self._values: dict[str, np.ndarray] = {}
 
     def const(self, name: str) -> np.ndarray | None:
@@ -244,10 +249,6 @@ def qdq_conv_to_integer(model: ModelProto) -> int:
     reads any more. Returns how many."""
     graph = model.graph
     g = _Graph(graph, model_opsets(model.opset_import).get("", 0))
-    readers: dict[str, list[NodeProto]] = {o.name: [NodeProto()] for o in graph.output}
-    for node in graph.node:
-        for name in node_reads(node):
-            readers.setdefault(name, []).append(node)
     out: list[NodeProto] = []
     fused: set[str] = set()  # outputs of the QuantizeLinear nodes QLinearConv nodes replace
     count = 0
@@ -255,7 +256,7 @@ def qdq_conv_to_integer(model: ModelProto) -> int:
         if node.op_type == "QuantizeLinear" and node.output[0] in fused:
             continue
         conv = node.op_type == "Conv" and node.domain in ("", "ai.onnx") and len(node.input) > 1
-        only = readers.get(node.output[0], []) if conv else []
+        only = g.readers.get(node.output[0], []) if conv else []
         qlinear = _as_qlinear(g, node, only[0]) if conv and len(only) == 1 else None
         if qlinear is not None:
             out.append(qlinear)
@@ -286,23 +287,16 @@ def quantized_max_pools(model: ModelProto) -> int:
     and pooled 64x112x112 float32 values (0.3 ms at one thread)."""
     graph = model.graph
     g = _Graph(graph, model_opsets(model.opset_import).get("", 0))
-    readers: dict[str, int] = {o.name: 1 for o in graph.output}
-    for node in graph.node:
-        for name in node_reads(node):
-            readers[name] = readers.get(name, 0) + 1
-    first_reader: dict[str, NodeProto] = {}
-    for node in graph.node:
-        for name in node.input:
-            first_reader.setdefault(name, node)
     skip: set[int] = set()
     count = 0
     for pool in graph.node:
         if pool.op_type != "MaxPool" or pool.domain not in ("", "ai.onnx") or any(pool.output[1:]):
             continue
-        dq, q = g.producer.get(pool.input[0]), first_reader.get(pool.output[0])
+        dq, after = g.producer.get(pool.input[0]), g.readers.get(pool.output[0], [])
+        q = after[0] if len(after) == 1 else None
         if not _dq(dq) or dq is None or q is None or q.op_type != "QuantizeLinear" \
-                or q.domain not in ("", "ai.onnx") or readers.get(pool.input[0]) != 1 \
-                or readers.get(pool.output[0]) != 1 or q.input[0] != pool.output[0]:
+                or q.domain not in ("", "ai.onnx") or len(g.readers.get(pool.input[0], [])) != 1 \
+                or q.input[0] != pool.output[0]:
             continue
         here, there = _quantized_input(g, dq), _quantized_input(g, q)
         if here is None or there is None or _attrs(q).get("output_dtype", 0) \
@@ -326,17 +320,13 @@ def qdq_adds_to_qlinear(model: ModelProto) -> int:
     ResNet-50's residual adds); returns how many. DequantizeLinear nodes nothing else reads go."""
     graph = model.graph
     g = _Graph(graph, model_opsets(model.opset_import).get("", 0))
-    readers: dict[str, list[NodeProto]] = {o.name: [NodeProto()] for o in graph.output}
-    for node in graph.node:
-        for name in node_reads(node):
-            readers.setdefault(name, []).append(node)
     fused: dict[str, NodeProto] = {}  # QuantizeLinear output -> the QLinearAdd made for it
     adds: set[str] = set()  # outputs of the Add nodes that go
     for node in graph.node:
         if node.op_type != "Add" or node.domain not in ("", "ai.onnx") or len(node.input) != 2 \
                 or node.input[0] == node.input[1]:
             continue
-        only = readers.get(node.output[0], [])
+        only = g.readers.get(node.output[0], [])
         q = only[0] if len(only) == 1 else None
         dqs = [g.producer.get(n) for n in node.input]
         if q is None or q.op_type != "QuantizeLinear" or q.domain not in ("", "ai.onnx") \
