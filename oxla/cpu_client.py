@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
@@ -110,10 +110,11 @@ def _make(threads: int | None = None) -> Any:
 SMALL_KERNELS = 1.5e6  # XLA flops per ONNX node of a segment
 
 
-def prefers_one_thread(flops: float, nodes: int) -> bool:
-    """Whether a segment of `nodes` ONNX nodes that XLA counts `flops` for should run on the
-    one-thread client: its kernels are too small to win back a wake of the pool's other thread."""
-    return _cores() > 1 and nodes > 0 and flops / nodes < SMALL_KERNELS
+def prefers_one_thread(nodes: int, flops: Callable[[], float]) -> bool:
+    """Whether a segment of `nodes` ONNX nodes that XLA counts `flops()` for should run on the
+    one-thread client: its kernels are too small to win back a wake of the pool's other thread.
+    On one core it never should (and `flops` is not asked)."""
+    return _cores() > 1 and nodes > 0 and flops() / nodes < SMALL_KERNELS
 
 
 CONV_ONLY = "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"
