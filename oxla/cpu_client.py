@@ -106,15 +106,21 @@ def _make(threads: int | None = None) -> Any:
 # against 12.7 ms), the detector (4.38 against 6.13 ms), ResNet-50 and the GRU gain from the pool
 # (flops per ONNX node, from XLA's cost analysis: MobileNetV3-small 0.69 M, the 64x64 ResNet
 # 0.03-0.09 M, ShuffleNetV2 0.69 M (equal either way), EfficientNet-B0 2.5 M, the GRU 3.0 M, the
-# detector 6.8 M, ResNet-50 42 M). Both orders in one process, oxla alone, medians.
-SMALL_KERNELS = 1.5e6  # XLA flops per ONNX node of a segment
+# detector 6.8 M, ResNet-50 42 M). Both orders in one process, oxla alone, medians. The bytes
+# bound keeps a segment that moves much memory with few flops (a large transpose or gather, whose
+# copy XLA splits) on the pool; XLA's bytes accessed per node before fusion: MobileNetV3-small
+# 2.6 MB, ShuffleNetV2 0.8 MB, the 64x64 ResNet 0.1 MB, EfficientNet-B0 6.3 MB, the detector 12 MB.
+SMALL_KERNELS = (1.5e6, 4e6)  # XLA flops and bytes accessed per ONNX node of a segment
 
 
-def prefers_one_thread(nodes: int, flops: Callable[[], float]) -> bool:
-    """Whether a segment of `nodes` ONNX nodes that XLA counts `flops()` for should run on the
-    one-thread client: its kernels are too small to win back a wake of the pool's other thread.
-    On one core it never should (and `flops` is not asked)."""
-    return _cores() > 1 and nodes > 0 and flops() / nodes < SMALL_KERNELS
+def prefers_one_thread(nodes: int, cost: Callable[[], tuple[float, float]]) -> bool:
+    """Whether a segment of `nodes` ONNX nodes for which XLA counts `cost()` (flops, bytes
+    accessed) should run on the one-thread client: its kernels are too small to win back a wake
+    of the pool's other thread. On one core it never should (and `cost` is not asked)."""
+    if _cores() <= 1 or nodes <= 0:
+        return False
+    flops, accessed = cost()
+    return flops / nodes < SMALL_KERNELS[0] and accessed / nodes < SMALL_KERNELS[1]
 
 
 CONV_ONLY = "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -317,7 +318,7 @@ class Executor:
         call = None
         if record["outputs"] or record["checks"]:  # no traced outputs, no checks: no XLA
             nodes = plan.nodes[pos:len(plan.nodes) if record["stop"] is None else record["stop"]]
-            if decide and prefers_one_thread(len(nodes), lambda: _flops(lowered)):
+            if decide and prefers_one_thread(len(nodes), lambda: _cost(lowered)):
                 single = single_thread_device()
                 if single is not None:
                     self._move(single)
@@ -425,14 +426,17 @@ def _entry(compiled: Any) -> Callable[..., Any]:
     return direct or compiled
 
 
-def _flops(lowered: Any) -> float:
-    """XLA's count of a lowered computation's flops (0 when it cannot tell)."""
+def _cost(lowered: Any) -> tuple[float, float]:
+    """XLA's count of a lowered computation's flops and bytes accessed (infinite when it cannot
+    tell: nothing is then judged small). XLA leaves out a count that is zero."""
     try:
         cost = lowered.cost_analysis()
     except Exception:  # a computation XLA's cost analysis does not cover
-        return 0.0
+        return math.inf, math.inf
     cost = cost[0] if isinstance(cost, list) and cost else cost
-    return float(cost.get("flops", 0.0)) if isinstance(cost, dict) else 0.0
+    if not isinstance(cost, dict):
+        return math.inf, math.inf
+    return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
 
 
 def _plain(value: Value) -> bool:
