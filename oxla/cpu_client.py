@@ -10,13 +10,17 @@ made with `asynchronous=False`; the user's JAX keeps its client and settings unt
 inside one computation still uses that client's intra-op thread pool.
 
 Arrays from the user's devices are accepted as feeds (XLA copies them over, memory to memory).
+
+A third client, made on demand, has an intra-op pool of one thread: a model whose kernels are
+all small runs faster there than on the pooled client when the process has several cores (see
+`prefers_one_thread`).
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
@@ -33,7 +37,8 @@ from oxla.host import has_avx512
 #   within 1%; all kinds were slower for ShuffleNetV2 and MobileNetV3;
 # - all kinds for other segments when the process may use more than one core (BERT-base 114.7 ->
 #   98.4 ms at default threads, ViT-S equal: YNNPACK splits BERT's dots across threads better),
-#   none on one core (BERT-base 1.09 -> 0.99x onnxruntime without them).
+#   none on one core or on the one-thread client (BERT-base 1.09 -> 0.99x onnxruntime without
+#   them on one core).
 # Timed in one process, the session that runs right after onnxruntime's calls is up to 16%
 # slower whatever its options (the cores take two calls to settle): compare in both orders.
 # OXLA_YNN_FUSIONS=1 keeps all on everywhere, =0 all off everywhere (for measuring).
@@ -44,6 +49,7 @@ KEEP_YNN_PREFIXES = ("QLinear", "DynamicQuantize", "QGemm", "QAttention", "MatMu
 
 _LOCK = threading.Lock()
 _DEVICE: list[Any] = []
+_SINGLE: list[Any] = []
 
 
 def inline_device() -> Any:
@@ -56,14 +62,65 @@ def inline_device() -> Any:
     return _DEVICE[0]
 
 
-def _make() -> Any:
+def single_thread_device() -> Any | None:
+    """The CPU device of a synchronous client whose intra-op pool has one thread, made on first
+    use; None when it cannot be made."""
+    if not _SINGLE:
+        with _LOCK:
+            if not _SINGLE:
+                _SINGLE.append(_make(threads=1))
+    device = _SINGLE[0]
+    return None if device is None or device == inline_device() else device
+
+
+def _make(threads: int | None = None) -> Any:
     try:
         from jax._src.lib import xla_client
 
-        client: Any = xla_client.make_cpu_client(asynchronous=False)
+        if threads is None:
+            client: Any = xla_client.make_cpu_client(asynchronous=False)
+        else:
+            # XLA sizes a client's intra-op pool from NPROC (else the cores it may run on), read
+            # once, when the client is made: the user's own clients are unaffected
+            saved = os.environ.get("NPROC")
+            os.environ["NPROC"] = str(threads)
+            try:
+                client = xla_client.make_cpu_client(asynchronous=False)
+            finally:
+                if saved is None:
+                    del os.environ["NPROC"]
+                else:
+                    os.environ["NPROC"] = saved
         return client.local_devices()[0]
     except Exception:  # a jaxlib without the private constructor: JAX's device still works
-        return jax.devices("cpu")[0]
+        return jax.devices("cpu")[0] if threads is None else None
+
+
+# XLA:CPU hands a loop fusion whose output passes 512 KB (or whose cost model says it computes
+# enough) to its intra-op pool in two halves, and a dot or convolution its library splits; the
+# pool's idle thread sleeps in the kernel between such kernels. On this 2-core VM waking it costs
+# 25-40 us (a futex round trip between the cores: 50-84 us when the other core was idle, 8 us when
+# it was busy), which a small kernel does not win back: with the pool, MobileNetV3-small took
+# 2.60 ms against 2.31 ms on a one-thread client, the 64x64 ResNet of the quantized benchmark
+# 0.573 -> 0.437 ms (QDQ 0.387 -> 0.292, QOperator 0.414 -> 0.296), where EfficientNet-B0 (11.2
+# against 12.7 ms), the detector (4.38 against 6.13 ms), ResNet-50 and the GRU gain from the pool
+# (flops per ONNX node, from XLA's cost analysis: MobileNetV3-small 0.69 M, the 64x64 ResNet
+# 0.03-0.09 M, ShuffleNetV2 0.69 M (equal either way), EfficientNet-B0 2.5 M, the GRU 3.0 M, the
+# detector 6.8 M, ResNet-50 42 M). Both orders in one process, oxla alone, medians. The bytes
+# bound keeps a segment that moves much memory with few flops (a large transpose or gather, whose
+# copy XLA splits) on the pool; XLA's bytes accessed per node before fusion: MobileNetV3-small
+# 2.6 MB, ShuffleNetV2 0.8 MB, the 64x64 ResNet 0.1 MB, EfficientNet-B0 6.3 MB, the detector 12 MB.
+SMALL_KERNELS = (1.5e6, 4e6)  # XLA flops and bytes accessed per ONNX node of a segment
+
+
+def prefers_one_thread(nodes: int, cost: Callable[[], tuple[float, float]]) -> bool:
+    """Whether a segment of `nodes` ONNX nodes for which XLA counts `cost()` (flops, bytes
+    accessed) should run on the one-thread client: its kernels are too small to win back a wake
+    of the pool's other thread. On one core it never should (and `cost` is not asked)."""
+    if _cores() <= 1 or nodes <= 0:
+        return False
+    flops, accessed = cost()
+    return flops / nodes < SMALL_KERNELS[0] and accessed / nodes < SMALL_KERNELS[1]
 
 
 CONV_ONLY = "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"
@@ -86,7 +143,7 @@ def compiler_options(device: Any, op_types: Iterable[str]) -> dict[str, Any]:
         return options
     if ops & CONVOLUTIONS:
         return {**options, "xla_cpu_experimental_ynn_fusion_type": CONV_ONLY}
-    if _cores() > 1:
+    if _cores() > 1 and not (_SINGLE and device == _SINGLE[0]):
         return options
     return {**options, "xla_cpu_experimental_ynn_fusion_type": ""}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +21,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from oxla.cpu_client import compiler_options, inline_device
+from oxla.cpu_client import (
+    compiler_options,
+    inline_device,
+    prefers_one_thread,
+    single_thread_device,
+)
 from oxla.errors import InputError, LoweringError, OxlaError, ResourceError, ShapeError
 from oxla.lowering.context import NeedStatic, Scope
 from oxla.lowering.interpreter import Interpreter
@@ -112,6 +118,10 @@ class Executor:
         self._sharding = jax.sharding.SingleDeviceSharding(self.device)
         with x64():
             self._leaves = self.layout.leaves(self.params, self.device)
+        # on oxla's pooled CPU client, the first segment built decides whether the model moves to
+        # the one-thread client (oxla.cpu_client.prefers_one_thread); later builds wait for that
+        self._undecided = self.device.platform == "cpu" and self.device == inline_device()
+        self._decide_lock = threading.Lock()
         self._cache: LRU[_Slot] = LRU(cache_size)
         self._live_in: dict[int, tuple[str, ...]] = {}
         self._stats_lock = threading.Lock()
@@ -258,6 +268,22 @@ class Executor:
     # --- building a segment -------------------------------------------------------------------
 
     def _build(self, pos: int, env: _Env, traced: tuple[str, ...], host: tuple[str, ...]) -> Segment:
+        if self._undecided:
+            with self._decide_lock:
+                if self._undecided:
+                    seg = self._build_on(pos, env, traced, host, decide=True)
+                    self._undecided = seg.call is None  # decided by the first one XLA compiles
+                    return seg
+        return self._build_on(pos, env, traced, host, decide=False)
+
+    def _move(self, device: Any) -> None:
+        """Compile and run on `device` from now on (before any segment has been compiled)."""
+        with x64():
+            self._leaves = self.layout.leaves(self.params, device)
+        self.device, self._sharding = device, jax.sharding.SingleDeviceSharding(device)
+
+    def _build_on(self, pos: int, env: _Env, traced: tuple[str, ...], host: tuple[str, ...],
+                  decide: bool) -> Segment:
         plan, layout = self.plan, self.layout
         values = [env.traced[n] for n in traced]
         leaves, in_tree = jax.tree.flatten(values)
@@ -292,6 +318,12 @@ class Executor:
         call = None
         if record["outputs"] or record["checks"]:  # no traced outputs, no checks: no XLA
             nodes = plan.nodes[pos:len(plan.nodes) if record["stop"] is None else record["stop"]]
+            if decide and prefers_one_thread(len(nodes), lambda: _cost(lowered)):
+                single = single_thread_device()
+                if single is not None:
+                    self._move(single)
+                    specs = [_spec(v, self._sharding) for v in (*self._leaves, *leaves)]
+                    lowered = jax.jit(segment).lower(*specs)
             try:
                 compiled = lowered.compile(compiler_options(self.device, (n.op_type for n in nodes)))
             except jax.errors.JaxRuntimeError as e:
@@ -392,6 +424,19 @@ def _entry(compiled: Any) -> Callable[..., Any]:
     params = getattr(compiled, "_params", None)
     direct = make(params) if make is not None and params is not None else None
     return direct or compiled
+
+
+def _cost(lowered: Any) -> tuple[float, float]:
+    """XLA's count of a lowered computation's flops and bytes accessed (infinite when it cannot
+    tell: nothing is then judged small). XLA leaves out a count that is zero."""
+    try:
+        cost = lowered.cost_analysis()
+    except Exception:  # a computation XLA's cost analysis does not cover
+        return math.inf, math.inf
+    cost = cost[0] if isinstance(cost, list) and cost else cost
+    if not isinstance(cost, dict):
+        return math.inf, math.inf
+    return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
 
 
 def _plain(value: Value) -> bool:

@@ -94,6 +94,48 @@ def test_segments_run_on_oxlas_own_synchronous_client() -> None:
     assert jax.config.values["jax_cpu_enable_async_dispatch"] == before
 
 
+def _matmul_model(n: int) -> onnx.ModelProto:
+    """float[n, n] @ a weight initializer: 2 n^3 flops in one node."""
+    w = helper.make_tensor("w", TensorProto.FLOAT, [n, n], np.ones(n * n, np.float32))
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, n])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, n])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def _concat_model(n: int) -> onnx.ModelProto:
+    """float[n, n] stacked on itself: no flops, 16 n^2 bytes moved."""
+    graph = helper.make_graph([helper.make_node("Concat", ["x", "x"], ["y"], axis=0)], "cat",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, n])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2 * n, n])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize(("make", "n", "cores", "single"), [
+    (_matmul_model, 8, 2, True), (_matmul_model, 256, 2, False), (_matmul_model, 8, 1, False),
+    (_concat_model, 8, 2, True), (_concat_model, 1024, 2, False)])
+def test_small_kernels_move_to_the_one_thread_client(
+        monkeypatch: pytest.MonkeyPatch, make: Callable[[int], onnx.ModelProto], n: int, cores: int,
+        single: bool) -> None:
+    """With several cores, a model XLA counts few flops and bytes per node for runs on oxla's
+    one-thread client (decided before its first compile; its parameters follow); one with many
+    flops or bytes per node stays on the pooled client, as does every model on one core."""
+    from oxla import cpu_client
+
+    monkeypatch.setattr(cpu_client, "_cores", lambda: cores)
+    model = oxla.compile(make(n))
+    x = np.arange(n * n, dtype=np.float32).reshape(n, n) / (n * n)
+    want = x @ np.ones((n, n), np.float32) if make is _matmul_model else np.concatenate([x, x])
+    np.testing.assert_allclose(model({"x": x})["y"], want, rtol=1e-6)
+    executor = model._executor
+    assert (executor.device == cpu_client.single_thread_device()) is single
+    assert (executor.device == cpu_client.inline_device()) is not single
+    assert all(leaf.devices() == {executor.device} for leaf in executor._leaves)
+    if single:  # what the one-thread client compiles: no YNNPACK fusions outside convolutions
+        assert cpu_client.compiler_options(executor.device, ["MatMul"]).get(
+            "xla_cpu_experimental_ynn_fusion_type") == ""
+
+
 def test_64_bit_models_are_exact() -> None:
     x = np.array([3, -7, 2**31 - 1, 2**40], np.int64)
     big, tenth = oxla.InferenceSession(WIDE.SerializeToString()).run(None, {"x": x})
