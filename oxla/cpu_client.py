@@ -124,11 +124,20 @@ def prefers_one_thread(nodes: int, cost: Callable[[], tuple[float, float]]) -> b
 
 
 CONV_ONLY = "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"
+# A segment with Winograd convolutions (oxla.winograd::Conv: 16 batched products per layer) also
+# gets YNNPACK's dots: at two threads Eigen's batched dot (16 x 49x256 by 256x256) ran slower than
+# at one (1.06 -> 1.65 ms) where YNNPACK's gains (1.16 -> 0.95 ms). Default threads, both orders in
+# one process: the DBNet-style segmenter 53.2 -> 49.8 and 52.8 -> 49.3 ms, ResNet-50 45.0 -> 43.5
+# and 43.0 -> 41.9 ms; in segments without them YNNPACK's dots were slower (EfficientNet-B0
+# 10.09 -> 10.89 ms, MobileNetV3-small 2.65 -> 2.89 ms).
+CONV_AND_DOTS = CONV_ONLY + ",LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"
+WINOGRAD_CONV = "oxla.winograd::Conv"
 CONVOLUTIONS = frozenset({"Conv", "ConvTranspose"})
 
 
 def compiler_options(device: Any, op_types: Iterable[str]) -> dict[str, Any]:
-    """XLA options for compiling a segment of these ops on `device` (see YNN_FUSIONS).
+    """XLA options for compiling a segment of these ops on `device` (see YNN_FUSIONS); op_types
+    holds each node's op type, and "domain::op" as well for oxla's own domains.
 
     On a CPU with AVX-512, loops are vectorized 512 bits wide (XLA:CPU prefers 256): at one
     thread MobileNetV3-small 2.55 -> 2.35 ms, EfficientNet-B0 13.6 -> 13.1 ms, ResNet-50 65 -> 62
@@ -142,7 +151,8 @@ def compiler_options(device: Any, op_types: Iterable[str]) -> dict[str, Any]:
     if YNN_FUSIONS == "1" or any(op in KEEP_YNN or op.startswith(KEEP_YNN_PREFIXES) for op in ops):
         return options
     if ops & CONVOLUTIONS:
-        return {**options, "xla_cpu_experimental_ynn_fusion_type": CONV_ONLY}
+        kinds = CONV_AND_DOTS if WINOGRAD_CONV in ops else CONV_ONLY
+        return {**options, "xla_cpu_experimental_ynn_fusion_type": kinds}
     if _cores() > 1 and not (_SINGLE and device == _SINGLE[0]):
         return options
     return {**options, "xla_cpu_experimental_ynn_fusion_type": ""}

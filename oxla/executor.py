@@ -325,7 +325,9 @@ class Executor:
                     specs = [_spec(v, self._sharding) for v in (*self._leaves, *leaves)]
                     lowered = jax.jit(segment).lower(*specs)
             try:
-                compiled = lowered.compile(compiler_options(self.device, (n.op_type for n in nodes)))
+                ops = [n.op_type for n in nodes] + [f"{n.domain}::{n.op_type}" for n in nodes
+                                                    if n.domain.startswith("oxla.")]
+                compiled = lowered.compile(compiler_options(self.device, ops))
             except jax.errors.JaxRuntimeError as e:
                 raise _compile_error(e, nodes) from None
             call = _entry(compiled)

@@ -136,6 +136,21 @@ def test_small_kernels_move_to_the_one_thread_client(
             "xla_cpu_experimental_ynn_fusion_type") == ""
 
 
+def test_winograd_segments_get_ynnpack_dots() -> None:
+    """Convolving segments get YNNPACK's convolution only, unless they hold Winograd
+    convolutions (their batched products run as YNNPACK dots); integer ones keep every kind."""
+    from oxla import cpu_client
+
+    device = cpu_client.inline_device()
+    kinds = "xla_cpu_experimental_ynn_fusion_type"
+    if cpu_client.YNN_FUSIONS:
+        pytest.skip("OXLA_YNN_FUSIONS overrides the choice")
+    assert cpu_client.compiler_options(device, ["Conv", "Relu"])[kinds] == cpu_client.CONV_ONLY
+    winograd = ["Conv", "Relu", cpu_client.WINOGRAD_CONV]
+    assert cpu_client.compiler_options(device, winograd)[kinds] == cpu_client.CONV_AND_DOTS
+    assert kinds not in cpu_client.compiler_options(device, ["ConvInteger", "Conv"])
+
+
 def test_64_bit_models_are_exact() -> None:
     x = np.array([3, -7, 2**31 - 1, 2**40], np.int64)
     big, tenth = oxla.InferenceSession(WIDE.SerializeToString()).run(None, {"x": x})
