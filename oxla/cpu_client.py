@@ -73,6 +73,11 @@ def single_thread_device() -> Any | None:
     return None if device is None or device == inline_device() else device
 
 
+def is_single_thread(device: Any) -> bool:
+    """Whether `device` is the one-thread client's (never making that client)."""
+    return bool(_SINGLE) and _SINGLE[0] is not None and device == _SINGLE[0]
+
+
 def _make(threads: int | None = None) -> Any:
     try:
         from jax._src.lib import xla_client
@@ -153,7 +158,7 @@ def compiler_options(device: Any, op_types: Iterable[str]) -> dict[str, Any]:
     if ops & CONVOLUTIONS:
         kinds = CONV_AND_DOTS if WINOGRAD_CONV in ops else CONV_ONLY
         return {**options, "xla_cpu_experimental_ynn_fusion_type": kinds}
-    if _cores() > 1 and not (_SINGLE and device == _SINGLE[0]):
+    if _cores() > 1 and not is_single_thread(device):
         return options
     return {**options, "xla_cpu_experimental_ynn_fusion_type": ""}
 

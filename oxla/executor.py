@@ -24,6 +24,7 @@ import numpy as np
 from oxla.cpu_client import (
     compiler_options,
     inline_device,
+    is_single_thread,
     prefers_one_thread,
     single_thread_device,
 )
@@ -467,12 +468,15 @@ def _spec(value: Any, sharding: Any) -> jax.ShapeDtypeStruct:
 
 def _runtime_device() -> Any:
     """Where segments compile and run: the device JAX would use here (a session's provider sets
-    it with jax.default_device); for a CPU, oxla's own synchronous client's (oxla.cpu_client)."""
+    it with jax.default_device); for a CPU, oxla's own synchronous client's (oxla.cpu_client),
+    the one-thread one where that was asked for (SessionOptions.intra_op_num_threads = 1)."""
     chosen = jax.config.jax_default_device
     if isinstance(chosen, str):
         chosen = jax.devices(chosen)[0]
     device = chosen if chosen is not None else jax.devices()[0]
-    return inline_device() if device.platform == "cpu" else device
+    if device.platform != "cpu" or is_single_thread(device):  # a session asked for one thread
+        return device
+    return inline_device()
 
 
 def _value_key(value: Any) -> Any:

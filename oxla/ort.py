@@ -161,7 +161,8 @@ def check_options(options: SessionOptions | None) -> None:
     """One warning for each setting oxla cannot apply as asked."""
     if options is None:
         return
-    if options.intra_op_num_threads or options.inter_op_num_threads:
-        warnings.warn("oxla: intra/inter_op_num_threads cannot change XLA's thread pool once JAX "
-                      "has started; set XLA_FLAGS before importing oxla (or pin the process with "
-                      "taskset) to limit threads", stacklevel=3)
+    if options.intra_op_num_threads not in (0, 1) or options.inter_op_num_threads:
+        warnings.warn("oxla: intra_op_num_threads other than 0 (all cores) and 1 (oxla's one-thread "
+                      "client), and inter_op_num_threads, cannot change XLA's thread pool once JAX "
+                      "has started; pin the process with taskset (or set NPROC before importing "
+                      "oxla) to limit threads", stacklevel=3)

@@ -17,6 +17,7 @@ from onnx import ModelProto, TypeProto, ValueInfoProto
 
 from oxla import ort
 from oxla.compile import CompiledModel
+from oxla.cpu_client import single_thread_device
 from oxla.dtypes import to_numpy_dtype, type_name
 from oxla.errors import InputError, OxlaError
 from oxla.executor import DEFAULT_CACHE_SIZE
@@ -124,6 +125,8 @@ class InferenceSession:
         given = list(provider_options or [])
         self._provider_options = {p: dict(given[i]) if i < len(given) else {}
                                   for i, p in enumerate(self._providers)}
+        if device.platform == "cpu" and getattr(self._options, "intra_op_num_threads", 0) == 1:
+            device = single_thread_device() or device  # a CPU client whose pool has one thread
         self._device = None if device == jax.devices()[0] else device
         bake_weights, cache_size, memory_limit = self._build_options
         options = Options(bake_weights=bake_weights, layout_weights=True, memory_limit=memory_limit)

@@ -155,10 +155,28 @@ def test_device_outputs_stay_jax_arrays() -> None:
 
 def test_thread_settings_warn_once_and_run() -> None:
     so = oxla.SessionOptions()
-    so.intra_op_num_threads = 1
+    so.intra_op_num_threads = 3
     with pytest.warns(UserWarning, match="XLA's thread pool"):
         sess = oxla.InferenceSession(RESNET, so)
     assert sess.run(None, {"image": IMAGE})[0].shape == (2, 10)
+
+
+def test_one_intra_op_thread_runs_on_the_one_thread_client() -> None:
+    """intra_op_num_threads = 1 is honoured: the session compiles for oxla's CPU client whose
+    pool has one thread (no warning), with the same results."""
+    import warnings
+
+    from oxla import cpu_client
+
+    so = oxla.SessionOptions()
+    so.intra_op_num_threads = 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sess = oxla.InferenceSession(RESNET, so)
+    got = sess.run(None, {"image": IMAGE})[0]
+    device = sess._compiled._executor.device
+    assert device == cpu_client.single_thread_device() and device != cpu_client.inline_device()
+    np.testing.assert_array_equal(got, oxla.InferenceSession(RESNET).run(None, {"image": IMAGE})[0])
 
 
 def test_optimized_model_filepath_writes_the_compiled_artifact(tmp_path: Path) -> None:
