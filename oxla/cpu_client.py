@@ -134,7 +134,8 @@ CONV_ONLY = "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"
 # at one (1.06 -> 1.65 ms) where YNNPACK's gains (1.16 -> 0.95 ms). Default threads, both orders in
 # one process: the DBNet-style segmenter 53.2 -> 49.8 and 52.8 -> 49.3 ms, ResNet-50 45.0 -> 43.5
 # and 43.0 -> 41.9 ms; in segments without them YNNPACK's dots were slower (EfficientNet-B0
-# 10.09 -> 10.89 ms, MobileNetV3-small 2.65 -> 2.89 ms).
+# 10.09 -> 10.89 ms, MobileNetV3-small 2.65 -> 2.89 ms). Not on one core: there ResNet-50 ran
+# 63.0 -> 74.6 and 64.8 -> 75.3 ms with them (both orders).
 CONV_AND_DOTS = CONV_ONLY + ",LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"
 WINOGRAD_CONV = "oxla.winograd::Conv"
 CONVOLUTIONS = frozenset({"Conv", "ConvTranspose"})
@@ -156,7 +157,8 @@ def compiler_options(device: Any, op_types: Iterable[str]) -> dict[str, Any]:
     if YNN_FUSIONS == "1" or any(op in KEEP_YNN or op.startswith(KEEP_YNN_PREFIXES) for op in ops):
         return options
     if ops & CONVOLUTIONS:
-        kinds = CONV_AND_DOTS if WINOGRAD_CONV in ops else CONV_ONLY
+        pooled = _cores() > 1 and not is_single_thread(device)
+        kinds = CONV_AND_DOTS if WINOGRAD_CONV in ops and pooled else CONV_ONLY
         return {**options, "xla_cpu_experimental_ynn_fusion_type": kinds}
     if _cores() > 1 and not is_single_thread(device):
         return options

@@ -136,18 +136,22 @@ def test_small_kernels_move_to_the_one_thread_client(
             "xla_cpu_experimental_ynn_fusion_type") == ""
 
 
-def test_winograd_segments_get_ynnpack_dots() -> None:
+@pytest.mark.parametrize("cores", [1, 2])
+def test_winograd_segments_get_ynnpack_dots(monkeypatch: pytest.MonkeyPatch, cores: int) -> None:
     """Convolving segments get YNNPACK's convolution only, unless they hold Winograd
-    convolutions (their batched products run as YNNPACK dots); integer ones keep every kind."""
+    convolutions and the pool has several threads (their batched products run as YNNPACK dots);
+    integer ones keep every kind."""
     from oxla import cpu_client
 
+    monkeypatch.setattr(cpu_client, "_cores", lambda: cores)
     device = cpu_client.inline_device()
     kinds = "xla_cpu_experimental_ynn_fusion_type"
     if cpu_client.YNN_FUSIONS:
         pytest.skip("OXLA_YNN_FUSIONS overrides the choice")
     assert cpu_client.compiler_options(device, ["Conv", "Relu"])[kinds] == cpu_client.CONV_ONLY
     winograd = ["Conv", "Relu", cpu_client.WINOGRAD_CONV]
-    assert cpu_client.compiler_options(device, winograd)[kinds] == cpu_client.CONV_AND_DOTS
+    want = cpu_client.CONV_AND_DOTS if cores > 1 else cpu_client.CONV_ONLY
+    assert cpu_client.compiler_options(device, winograd)[kinds] == want
     assert kinds not in cpu_client.compiler_options(device, ["ConvInteger", "Conv"])
 
 
