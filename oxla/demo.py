@@ -26,13 +26,19 @@ TARGET_ACCURACY = 0.95
 TARGET_SECONDS = 60.0
 
 
-def _median_ms(fn: Callable[[], Any], runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+def _median_ms(*fns: Callable[[], Any], runs: int) -> list[float]:
+    """Median ms per call of each of `fns`, timed in alternating blocks of 5 calls, each block
+    after 2 calls that are not counted (a runtime takes about two calls to settle after another
+    one ran: benchmarks/run.py), at least `runs` counted calls each."""
+    times: list[list[float]] = [[] for _ in fns]
+    while len(times[0]) < runs:
+        for fn, spent in zip(fns, times):
+            for i in range(2 + 5):
+                start = time.perf_counter()
+                fn()
+                if i >= 2:
+                    spent.append(time.perf_counter() - start)
+    return [statistics.median(t) * 1e3 for t in times]
 
 
 # --- part 1: training from the ONNX file ----------------------------------------------------
@@ -78,8 +84,8 @@ def _side_by_side(model_bytes: bytes, data: Any, runs: int) -> bool:
     for batch in (1, len(x)):
         feed = {"image": x[:batch]}
         sess.run(None, feed)
-        ours_ms = _median_ms(partial(sess.run, None, feed), 5 * runs)  # sub-ms calls: more runs
-        ort_ms = _median_ms(partial(ref_sess.run, None, feed), 5 * runs)
+        ours_ms, ort_ms = _median_ms(partial(sess.run, None, feed), partial(ref_sess.run, None, feed),
+                                     runs=5 * runs)  # sub-ms calls: more runs
         print(f"  latency, batch {batch:3d}: oxla {ours_ms:.3f} ms, onnxruntime {ort_ms:.3f} ms "
               f"(ratio {ours_ms / ort_ms:.2f}x)")
     return agree
@@ -124,21 +130,22 @@ def run_inference(model: Path, batch: int, runs: int) -> int:
     print(f"model {model.name}: {len(sess.compiled.model.graph.node)} nodes, "
           f"{sum(int(np.prod(p.shape)) for p in sess.compiled.params.values()):,} parameters")
     print(f"oxla: load + compile + first run {first * 1e3:.0f} ms")
-    oxla_ms = _median_ms(lambda: sess.run(None, {"image": image}), runs)
     try:
         import onnxruntime as ort
     except ImportError:
+        (oxla_ms,) = _median_ms(lambda: sess.run(None, {"image": image}), runs=runs)
         print(f"oxla median latency {oxla_ms:.2f} ms (onnxruntime not installed: no comparison)")
         return 0
     ref_sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     (ref,) = ref_sess.run(None, {"image": image})
-    ort_ms = _median_ms(lambda: ref_sess.run(None, {"image": image}), runs)
+    oxla_ms, ort_ms = _median_ms(lambda: sess.run(None, {"image": image}),
+                                 lambda: ref_sess.run(None, {"image": image}), runs=runs)
     diff = float(np.max(np.abs(logits - ref)))
     agree = bool(np.allclose(logits, ref, rtol=1e-3, atol=1e-4))
     same_class = bool((logits.argmax(1) == ref.argmax(1)).all())
     print(f"onnxruntime agreement: max abs diff {diff:.2e} ({'ok' if agree else 'MISMATCH'}), "
           f"same predicted classes: {same_class}")
-    print(f"median latency over {runs} runs: oxla {oxla_ms:.2f} ms, onnxruntime {ort_ms:.2f} ms "
+    print(f"median latency (alternating blocks, {runs}+ calls each): oxla {oxla_ms:.2f} ms, onnxruntime {ort_ms:.2f} ms "
           f"(ratio {oxla_ms / ort_ms:.2f}x)")
     return 0 if agree else 1
 
