@@ -37,7 +37,7 @@ def _conv_reference(x: np.ndarray, w: np.ndarray, stride: int, pad: int, dilatio
 
 
 def _conv_integer_net(x_dtype: type, c: int, m: int, k: int, stride: int, pad: int,
-                      dilation: int) -> tuple[onnx.ModelProto, np.ndarray]:
+                      dilation: int, n: int = 1) -> tuple[onnx.ModelProto, np.ndarray]:
     """x -> ConvInteger(x, W) -> Relu-free Cast to float: a ConvInteger between channels-last ops."""
     rng = np.random.default_rng(c * 100 + k)
     w = rng.integers(-127, 128, (m, c, k, k)).astype(np.int8)
@@ -45,28 +45,30 @@ def _conv_integer_net(x_dtype: type, c: int, m: int, k: int, stride: int, pad: i
                               dilations=[dilation] * 2),
              helper.make_node("Cast", ["acc"], ["y"], to=TensorProto.FLOAT)]
     elem = TensorProto.UINT8 if x_dtype == np.uint8 else TensorProto.INT8
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", elem, [1, c, 30, 30])],
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", elem, [n, c, 30, 30])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                               [numpy_helper.from_array(w, "w")])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), w
 
 
-SHAPES = {  # (x dtype, C, M, kernel, stride, pad, dilation): which form each takes
-    "1x1-gemm": (np.int8, 32, 24, 1, 1, 0, 1),
-    "1x1-strided-gemm": (np.int8, 32, 24, 1, 2, 0, 1),
-    "3x3-xla-convolution": (np.int8, 32, 16, 3, 1, 1, 1),
-    "3x3-strided-columns": (np.int8, 32, 16, 3, 2, 1, 1),
-    "3x3-dilated": (np.int8, 16, 8, 3, 1, 2, 2),
-    "uint8-x-shifted": (np.uint8, 32, 16, 3, 1, 1, 1),
+SHAPES = {  # (x dtype, C, M, kernel, stride, pad, dilation, batch): which form each takes
+    "1x1-gemm": (np.int8, 32, 24, 1, 1, 0, 1, 1),
+    "1x1-strided-gemm": (np.int8, 32, 24, 1, 2, 0, 1, 1),
+    "3x3-xla-convolution": (np.int8, 32, 16, 3, 1, 1, 1, 1),
+    "3x3-strided-columns": (np.int8, 32, 16, 3, 2, 1, 1, 1),
+    "3x3-dilated": (np.int8, 16, 8, 3, 1, 2, 2, 1),
+    "uint8-x-shifted": (np.uint8, 32, 16, 3, 1, 1, 1, 1),
+    "batch-3-convolution": (np.int8, 32, 16, 3, 1, 1, 1, 3),
+    "batch-3-columns": (np.uint8, 32, 16, 3, 2, 1, 1, 3),
 }
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=list(SHAPES))
 def test_conv_integer_channels_last_is_exact(shape: str) -> None:
-    x_dtype, c, m, k, stride, pad, dilation = SHAPES[shape]
-    model, w = _conv_integer_net(x_dtype, c, m, k, stride, pad, dilation)
+    x_dtype, c, m, k, stride, pad, dilation, n = SHAPES[shape]
+    model, w = _conv_integer_net(x_dtype, c, m, k, stride, pad, dilation, n)
     info = np.iinfo(x_dtype)
-    x = np.random.default_rng(1).integers(info.min, info.max + 1, (1, c, 30, 30)).astype(x_dtype)
+    x = np.random.default_rng(1).integers(info.min, info.max + 1, (n, c, 30, 30)).astype(x_dtype)
     session = oxla.CompiledModel(model, Options(layout_weights=True))
     assert [(n.domain, n.op_type) for n in session.plan.nodes if "Conv" in n.op_type] \
         == [(channels_last.DOMAIN, "ConvInteger")]
