@@ -28,6 +28,14 @@ def block(act: str | None, pads: list[int], kernel: int = 3, stride: int = 2) ->
         inits += [numpy_helper.from_array(np.float32(0), "lo"), numpy_helper.from_array(np.float32(6), "hi")]
         nodes.append(helper.make_node("Clip", ["h1", "lo", "hi"], ["a"]))
         last = "a"
+    elif act in ("SiLU", "SiLU-swapped"):  # x * Sigmoid(x), as torch exports nn.SiLU
+        product = ["h1", "s"] if act == "SiLU" else ["s", "h1"]
+        nodes += [helper.make_node("Sigmoid", ["h1"], ["s"]), helper.make_node("Mul", product, ["a"])]
+        last = "a"
+    elif act == "Sigmoid-then-Mul-by-other":  # h0 * Sigmoid(h1) is not SiLU
+        nodes += [helper.make_node("Sigmoid", ["h1"], ["s"]), helper.make_node("Mul", ["h1", "h1"], ["a0"]),
+                  helper.make_node("Mul", ["a0", "s"], ["a"])]
+        last = "a"
     elif act is not None:
         nodes.append(helper.make_node(act, ["h1"], ["a"]))
         last = "a"
@@ -48,13 +56,14 @@ def _check(model: onnx.ModelProto) -> bool:
     return any(n.domain == DOMAIN for n in sess._compiled.plan.nodes)
 
 
-@pytest.mark.parametrize("act", ["Relu", "Clip", "LeakyRelu", None])
+@pytest.mark.parametrize("act", ["Relu", "Clip", "LeakyRelu", "SiLU", "SiLU-swapped", None])
 @pytest.mark.parametrize("pads", [[1, 1, 1, 1], [0, 0, 1, 1], [1, 2, 0, 1]])
 def test_pads_ahead_agree_with_onnxruntime(act: str | None, pads: list[int]) -> None:
     assert _check(block(act, pads))
 
 
-@pytest.mark.parametrize("act, kernel, stride", [("HardSwish", 3, 2), ("Relu", 5, 2), ("Relu", 3, 1)])
+@pytest.mark.parametrize("act, kernel, stride", [("HardSwish", 3, 2), ("Relu", 5, 2), ("Relu", 3, 1),
+                                                  ("Sigmoid-then-Mul-by-other", 3, 2)])
 def test_costly_activations_large_kernels_and_stride_one_are_left(act: str, kernel: int, stride: int) -> None:
     assert not _check(block(act, [kernel // 2] * 4, kernel, stride))
 
