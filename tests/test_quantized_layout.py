@@ -37,10 +37,11 @@ def _conv_reference(x: np.ndarray, w: np.ndarray, stride: int, pad: int, dilatio
 
 
 def _conv_integer_net(x_dtype: type, c: int, m: int, k: int, stride: int, pad: int,
-                      dilation: int, n: int = 1) -> tuple[onnx.ModelProto, np.ndarray]:
+                      dilation: int, n: int = 1, w_dtype: type = np.int8) -> tuple[onnx.ModelProto, np.ndarray]:
     """x -> ConvInteger(x, W) -> Relu-free Cast to float: a ConvInteger between channels-last ops."""
     rng = np.random.default_rng(c * 100 + k)
-    w = rng.integers(-127, 128, (m, c, k, k)).astype(np.int8)
+    info = np.iinfo(w_dtype)
+    w = rng.integers(info.min, info.max + 1, (m, c, k, k)).astype(w_dtype)
     nodes = [helper.make_node("ConvInteger", ["x", "w"], ["acc"], pads=[pad] * 4, strides=[stride] * 2,
                               dilations=[dilation] * 2),
              helper.make_node("Cast", ["acc"], ["y"], to=TensorProto.FLOAT)]
@@ -61,12 +62,17 @@ SHAPES = {  # (x dtype, C, M, kernel, stride, pad, dilation, batch): which form 
     "batch-3-convolution": (np.int8, 32, 16, 3, 1, 1, 1, 3),
     "batch-3-columns": (np.uint8, 32, 16, 3, 2, 1, 1, 3),
 }
+UINT8_WEIGHTS = {"uint8-w-convolution": (np.uint8, 32, 16, 3, 1, 1, 1, 2),
+                 "uint8-w-columns": (np.int8, 32, 16, 3, 2, 1, 1, 1)}
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=list(SHAPES))
+@pytest.mark.parametrize("shape", [*SHAPES, *UINT8_WEIGHTS])
 def test_conv_integer_channels_last_is_exact(shape: str) -> None:
-    x_dtype, c, m, k, stride, pad, dilation, n = SHAPES[shape]
-    model, w = _conv_integer_net(x_dtype, c, m, k, stride, pad, dilation, n)
+    """Exact against an int64 convolution; uint8 weights (shifted like x, their share added back
+    as window sums of x) too."""
+    x_dtype, c, m, k, stride, pad, dilation, n = {**SHAPES, **UINT8_WEIGHTS}[shape]
+    w_dtype = np.uint8 if shape in UINT8_WEIGHTS else np.int8
+    model, w = _conv_integer_net(x_dtype, c, m, k, stride, pad, dilation, n, w_dtype)
     info = np.iinfo(x_dtype)
     x = np.random.default_rng(1).integers(info.min, info.max + 1, (n, c, 30, 30)).astype(x_dtype)
     session = oxla.CompiledModel(model, Options(layout_weights=True))
