@@ -156,11 +156,11 @@ def compiler_options(device: Any, op_types: Iterable[str]) -> dict[str, Any]:
         return {**options, "xla_cpu_experimental_ynn_fusion_type": ""}
     if YNN_FUSIONS == "1" or any(op in KEEP_YNN or op.startswith(KEEP_YNN_PREFIXES) for op in ops):
         return options
+    pooled = _cores() > 1 and not is_single_thread(device)
     if ops & CONVOLUTIONS:
-        pooled = _cores() > 1 and not is_single_thread(device)
         kinds = CONV_AND_DOTS if WINOGRAD_CONV in ops and pooled else CONV_ONLY
         return {**options, "xla_cpu_experimental_ynn_fusion_type": kinds}
-    if _cores() > 1 and not is_single_thread(device):
+    if pooled:
         return options
     return {**options, "xla_cpu_experimental_ynn_fusion_type": ""}
 

@@ -49,8 +49,8 @@ def pad_ahead(model: ModelProto) -> int:
         src, uses = act, 1
         if act is not None and act.domain in ("", "ai.onnx") and act.op_type in ACTIVATIONS:
             src = made.get(act.input[0]) if readers.get(act.output[0]) == 1 else None
-        elif act is not None and _silu_input(act, made, readers) is not None:
-            src, uses = made.get(_silu_input(act, made, readers) or ""), 2
+        elif act is not None and (x := _silu_input(act, made, readers)) is not None:
+            src, uses = made.get(x), 2
         else:
             act = None
         grown = None if src is None or readers.get(src.output[0]) != uses else _grown_pads(src, pads)
