@@ -154,6 +154,23 @@ def test_quantized_max_pool_needs_the_same_parameters() -> None:
     assert quantized_max_pools(other) == 0
 
 
+
+def test_quantized_max_pool_keeps_a_negative_scale_in_float() -> None:
+    """With a negative scale dequantization reverses the order (the pool's max is the bytes'
+    min): the float pool stays, and oxla agrees with onnxruntime's graph as written."""
+    model = _qdq_block()
+    for t in model.graph.initializer:
+        if t.name == "s1":
+            t.CopyFrom(numpy_helper.from_array(np.array(-0.047, np.float32), "s1"))
+    assert quantized_max_pools(onnx.ModelProto.FromString(model.SerializeToString())) == 0
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    want = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    x = (np.random.default_rng(4).standard_normal((1, 16, 48, 48)) * 2).astype(np.float32)
+    got = np.asarray(oxla.CompiledModel(model, Options(layout_weights=True))({"x": x})["y"])
+    np.testing.assert_array_equal(got, want.run(None, {"x": x})[0])
+
+
 def test_qoperator_residual_adds_stay_channels_last() -> None:
     """onnxruntime's QLinearAdd after channels-last convolutions reads and writes channels last
     (no Transpose around each residual add); the file still agrees exactly (test_ort_quant_models)."""

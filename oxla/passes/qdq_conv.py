@@ -279,7 +279,7 @@ def quantized_max_pools(model: ModelProto) -> int:
     """Rewrite DequantizeLinear -> MaxPool -> QuantizeLinear, both with the same constant
     per-tensor 8-bit scale and zero point, as MaxPool of the 8-bit values; returns how many.
 
-    Exact: dequantization increases with the value (the scale is positive), so the max commutes
+    Exact: dequantization increases with the value (a positive scale is required), so the max commutes
     with it, and quantizing a dequantized value with its own parameters gives it back (the
     float32 round trip is off by far less than 0.5 before rounding). The 8-bit pool pads with
     the type's minimum, which no window's max can be below, as the float pool's padding is -inf.
@@ -299,9 +299,9 @@ def quantized_max_pools(model: ModelProto) -> int:
                 or q.input[0] != pool.output[0]:
             continue
         here, there = _quantized_input(g, dq), _quantized_input(g, q)
-        if here is None or there is None or _attrs(q).get("output_dtype", 0) \
+        if here is None or there is None or _attrs(q).get("output_dtype", 0) or not here[0] > 0 \
                 or not all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(here, there)):
-            continue
+            continue  # a scale <= 0 (or NaN) does not keep the order: the max is not the bytes' max
         pool.input[0] = dq.input[0]
         pool.output[0] = q.output[0]
         skip.update({id(dq), id(q)})
