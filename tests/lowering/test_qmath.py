@@ -80,6 +80,8 @@ CONVS = {
     "gemm-pointwise": (np.int8, np.int8, 2, 9, 16, 8, 1, 1, 1, 0, 1),
     "gemm-1d": (np.int8, np.int8, 1, 9, 40, 8, 3, 2, 1, 1, 1),
     "float32-depthwise": (np.uint8, np.int8, 2, 9, 16, 16, 3, 1, 1, 1, 16),
+    "float32-depthwise-5x5-strided": (np.uint8, np.int8, 2, 14, 24, 24, 5, 2, 1, 2, 24),
+    "float32-depthwise-multiplier-2": (np.int8, np.int8, 2, 11, 8, 16, 3, 1, 1, 1, 8),
     "split-grouped": (np.uint8, np.uint8, 2, 9, 62, 16, 3, 1, 1, 1, 2),
     "float64-grouped": (np.uint8, np.uint8, 2, 9, 50, 4, 13, 1, 1, 6, 2),
     "gemm-3d": (np.uint8, np.uint8, 3, 6, 4, 4, 3, 1, 1, 1, 1),
