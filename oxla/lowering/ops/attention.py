@@ -12,6 +12,7 @@ from jax import lax
 
 from oxla.dtypes import to_numpy_dtype
 from oxla.lowering.common import accum_dtype
+from oxla.lowering.ops.elementwise import sigmoid
 from oxla.lowering.registry import rule
 
 _NEG_INF = -np.inf
@@ -339,5 +340,5 @@ def causal_conv_with_state(cx, x, weight, bias=None, past_state=None, *, activat
     out = out.astype(x.dtype)
     if activation != "none":  # silu and swish are one function; computed in float32
         f = out.astype(jnp.float32)
-        out = (f * jax.nn.sigmoid(f)).astype(x.dtype)
+        out = (f * sigmoid(f)).astype(x.dtype)
     return out, padded[:, :, padded.shape[2] - (k - 1):]

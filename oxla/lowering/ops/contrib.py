@@ -15,6 +15,7 @@ from jax import lax
 
 from oxla.lowering.common import accum_dtype
 from oxla.lowering.ops.conv import conv
+from oxla.lowering.ops.elementwise import sigmoid
 from oxla.lowering.ops.linalg import HIGHEST
 from oxla.lowering.registry import rule
 
@@ -71,7 +72,7 @@ def fast_gelu(cx, x, bias=None):
 def quick_gelu(cx, x, *, alpha=1.702):
     """Y = X sigmoid(alpha X) (contrib v1)."""
     xw = wide(x)
-    return (xw * jax.nn.sigmoid(np.asarray(alpha, xw.dtype) * xw)).astype(x.dtype)
+    return (xw * sigmoid(np.asarray(alpha, xw.dtype) * xw)).astype(x.dtype)
 
 
 @rule("BiasAdd", since=1, domain=MS)
@@ -211,7 +212,7 @@ def _mlas_activation(cx, y, activation, params):
     if activation == "Tanh":
         return jnp.tanh(y)
     if activation == "Sigmoid":
-        return jax.nn.sigmoid(y)
+        return sigmoid(y)
     if activation == "LeakyRelu":
         return jnp.where(y >= 0, y, c[0] * y)
     if activation == "Clip":
@@ -239,7 +240,7 @@ def fused_conv(cx, x, w, b=None, z=None, *, activation=None, activation_params=N
 _GEMM_ACTIVATIONS = {
     "Relu": ((), lambda y, a, b, g: jnp.maximum(y, 0)),
     "Tanh": ((), lambda y, a, b, g: jnp.tanh(y)),
-    "Sigmoid": ((), lambda y, a, b, g: jax.nn.sigmoid(y)),
+    "Sigmoid": ((), lambda y, a, b, g: sigmoid(y)),
     "Softplus": ((), lambda y, a, b, g: jax.nn.softplus(y)),
     "Softsign": ((), lambda y, a, b, g: y / (1 + jnp.abs(y))),
     "LeakyRelu": (("alpha",), lambda y, a, b, g: jnp.where(y >= 0, y, a * y)),

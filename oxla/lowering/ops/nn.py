@@ -11,6 +11,7 @@ from jax import lax
 
 from oxla.dtypes import to_numpy_dtype
 from oxla.lowering.common import accum_dtype, axis_index, host_seed
+from oxla.lowering.ops.elementwise import sigmoid
 from oxla.lowering.registry import rule
 
 # --- helpers --------------------------------------------------------------------------------
@@ -297,7 +298,7 @@ def lrn(cx, x, *, alpha=0.0001, beta=0.75, bias=1.0, size=None):
 @rule("Swish", since=24)
 def swish(cx, x, *, alpha=1.0):
     """Y = X * sigmoid(alpha * X) (v24+)."""
-    return x * jax.nn.sigmoid(jnp.asarray(alpha, x.dtype) * x)
+    return x * sigmoid(jnp.asarray(alpha, x.dtype) * x)
 
 
 @rule("SwiGLU", since=28)
@@ -305,7 +306,7 @@ def swiglu(cx, a, b, *, alpha=1.0):
     """Y = A * sigmoid(alpha * A) * B; A and B have one shape, no broadcasting (v28+)."""
     if a.shape != b.shape:
         raise cx.shape_error(f"A and B must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}")
-    return a * jax.nn.sigmoid(jnp.asarray(alpha, a.dtype) * a) * b
+    return a * sigmoid(jnp.asarray(alpha, a.dtype) * a) * b
 
 
 # --- dropout --------------------------------------------------------------------------------
