@@ -45,7 +45,7 @@ CASES = [
     (2, 8, 2, 3, 3, 3, 1, "none"), (2, 6, 2, 1, 1, 2, 1, "uneven"), (2, 5, 1, 4, 1, 1, 1, "none"),
     (2, 4, 1, 2, 3, 1, 1, "same"), (1, 4, 4, 2, 3, 1, 1, "same"), (1, 6, 2, 2, 3, 2, 2, "uneven"),
     (3, 2, 2, 1, 3, 1, 1, "same"), (3, 4, 2, 2, 2, 2, 1, "uneven"), (3, 3, 3, 1, 2, 1, 1, "none"),
-    (2, 3, 1, 4, 3, 2, 1, "same"), (2, 6, 1, 2, 3, 2, 1, "uneven"),  # im2col: summed, concatenated
+    (2, 3, 1, 4, 3, 2, 1, "same"), (2, 6, 1, 2, 3, 2, 1, "uneven"),  # stems, im2col
 ]
 
 
@@ -141,6 +141,8 @@ def _last_forms(w: np.ndarray, group: int) -> list[str]:
         names.append("dot_last")
     if w.shape[1] == 1:
         names.append("taps_last")
+    if group == 1 and w.shape[1] <= F.STEM_CHANNELS:
+        names.append("stem_taps_last")
     return names
 
 
@@ -185,7 +187,9 @@ LAST_CHOICES = [  # (X spatial sizes, W shape, strides, pads, group) -> the chan
     ((16, 16), (16, 8, 3, 3), (2, 2), [(1, 1)] * 2, 1, "dot_last"),
     ((56, 56), (64, 64, 3, 3), (1, 1), [(1, 1)] * 2, 1, "native_last"),
     ((64, 64), (8, 3, 7, 7), (2, 2), [(3, 3)] * 2, 1, "native_last"),
-    ((320, 320), (32, 3, 3, 3), (2, 2), [(1, 1)] * 2, 1, "dot_last"),  # an image stem: any size
+    ((320, 320), (32, 3, 3, 3), (2, 2), [(1, 1)] * 2, 1, "stem_taps_last"),  # an image stem
+    ((224, 224), (16, 4, 5, 5), (2, 2), [(2, 2)] * 2, 1, "stem_taps_last"),
+    ((224, 224), (64, 3, 7, 7), (2, 2), [(3, 3)] * 2, 1, "native_last"),
     ((320, 320), (32, 8, 3, 3), (2, 2), [(1, 1)] * 2, 1, "native_last"),
 ]
 

@@ -41,10 +41,19 @@ GRID_TAPS_TERMS = 25
 # (compiler option xla_cpu_experimental_ynn_fusion_type="") XLA's own conv wins every ResNet-50
 # shape (0.72-1.22x) and this rule would want re-measuring.
 IM2COL_ELEMENTS = 1 << 19
-# An image stem (a 3x3 or smaller kernel over at most this many input channels) runs as a dot at
-# any size: XLA's own convolution handles 3 channels poorly. The suite detector's 320x320 stem
-# (3 -> 32, stride 2; 691k im2col elements): the model 7.98 -> 7.41 ms at one thread.
+# An image stem (a dense kernel over at most STEM_CHANNELS input channels) with at most
+# STEM_TAPS_TERMS terms per output (input channels x prod(K)) runs as fused multiply-adds along
+# the output channels (`stem_taps_last`) at any size: XLA's own convolution handles 3 channels
+# poorly, and so did the im2col dot before (its columns took 0.65 ms of MobileNetV3-small's 2.5).
+# One thread, channels-last output from an NCHW input, ms: 3->16 3x3/2 at 224: 0.22 against 0.54 as the dot (onnxruntime 0.20);
+# 3->32 0.47 / 0.69 (0.35); 3->32 at 320 0.82 / 1.26 (0.70); 3->64 0.64 / 0.70 (0.56); 1->32 3x3/1
+# at 128 0.16 / 0.29 (0.29); 3->16 5x5/2 0.53 against 1.08 for XLA's convolution (0.35). A 7x7
+# stem (147 terms) lost: 3->64 at 224 5.96 against 2.31 for XLA's convolution (1.77). In the
+# suite's models, one thread, both orders in one process: MobileNetV3-small 2.81 -> 2.39 and
+# 2.74 -> 2.43 ms, the detector 6.98 -> 6.46 and 6.88 -> 6.53, EfficientNet-B0 15.32 -> 15.10 and
+# 15.02 -> 14.83.
 STEM_CHANNELS = 4
+STEM_TAPS_TERMS = 100
 # `taps_last` sums all of a depthwise kernel's taps in one loop over (pixel, channel): per pixel it
 # reads prod(K) windows and weight rows of C channels each. Past this many bytes (about the L1
 # data cache, 48 KiB here) they no longer stay cached from one pixel to the next, and one loop per
@@ -296,6 +305,28 @@ def taps_last(x: Any, w: Any, strides: Sequence[int], padding: Pads, dilations: 
     return y.astype(x.dtype)
 
 
+def stem_taps_last(x: Any, w: Any, strides: Sequence[int], padding: Pads,
+                   dilations: Sequence[int], group: int) -> Any:
+    """A dense channels-last convolution over a few input channels (an image stem) as fused
+    multiply-adds: one term per (tap, input channel), X's element times W's row of output
+    channels, so the loop runs along the output channels (see `STEM_TAPS_TERMS`)."""
+    kernel = tuple(w.shape[2:])
+    nd, c = len(kernel), x.shape[-1]
+    acc = accumulator(x.dtype)
+    out = out_sizes(x.shape[1:-1], padding, kernel, strides, dilations)
+    config = [(0, 0, 0), *[(lo, hi, 0) for lo, hi in padding], (0, 0, 0)]
+    xp = lax.pad(x.astype(acc), jnp.zeros((), acc), config)
+    wa = w.astype(acc)
+    terms: list[Any] = []
+    for tap in itertools.product(*[range(k) for k in kernel]):
+        win = window(xp, tap, out, strides, [(0, 0)] * nd, dilations, last=True)
+        if win is not None:
+            terms.extend(win[..., i:i + 1] * wa[(slice(None), i, *tap)] for i in range(c))
+    if not terms:
+        return jnp.zeros((x.shape[0], *out, w.shape[0]), x.dtype)
+    return _chains(terms, None).astype(x.dtype)
+
+
 def _chains(terms: list[Any], y: Any) -> Any:
     """y + the sum of terms, added in two interleaved chains: each output's adds form two
     dependency chains instead of one (5x5 depthwise 1.5x -> 1.35x onnxruntime alone)."""
@@ -337,17 +368,7 @@ def dense_dot_last(x: Any, w: Any, strides: Sequence[int], padding: Pads,
                                              (0, 0, 0)])
     wins: list[Any] = [window(xp, tap, out, strides, [(0, 0)] * nd, dilations, last=True)
                        for tap in itertools.product(*[range(k) for k in kernel])]
-    if kk == 1:
-        cols = wins[0]
-    elif c <= STEM_CHANNELS:
-        # each window zero-padded to its place on the channel axis, summed: one fused loop; a
-        # concatenate of 3-channel pieces ran as a copy of its own (the detector's 320x320 stem:
-        # 0.5 ms of 0.8, the model 6.50 -> 6.13 ms at one thread)
-        zero = jnp.zeros((), x.dtype)
-        cols = sum(lax.pad(win, zero, [(0, 0, 0)] * (nd + 1) + [(t * c, (kk - 1 - t) * c, 0)])
-                   for t, win in enumerate(wins))
-    else:
-        cols = jnp.concatenate(wins, axis=-1)
+    cols = wins[0] if kk == 1 else jnp.concatenate(wins, axis=-1)
     wk = jnp.transpose(w, (*range(2, nd + 2), 1, 0)).reshape((kk * c, m))
     y = lax.dot_general(cols.reshape((-1, kk * c)), wk, (((1,), (0,)), ((), ())),
                         preferred_element_type=acc)
@@ -356,14 +377,15 @@ def dense_dot_last(x: Any, w: Any, strides: Sequence[int], padding: Pads,
 
 def choose_last(sizes: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
                 padding: Pads, dilations: Sequence[int], group: int) -> Form:
-    """The form of a channels-last convolution: a dot for 1x1 and small dense kernels, taps for
-    depthwise, XLA's own for other dense ones, and otherwise the channels-first form `choose`
+    """The form of a channels-last convolution: taps for image stems and depthwise, a dot for 1x1
+    and small dense kernels, XLA's own for other dense ones, and otherwise the channels-first form `choose`
     picks, between two transposes."""
     if group == 1:
         kk = math.prod(w_shape[2:])
         out = out_sizes(sizes, padding, w_shape[2:], strides, dilations)
-        small = kk <= 9 and (w_shape[1] <= STEM_CHANNELS
-                             or math.prod(out) * kk * w_shape[1] <= IM2COL_ELEMENTS)
+        if w_shape[1] <= STEM_CHANNELS and w_shape[1] * kk <= STEM_TAPS_TERMS and 0 not in out:
+            return stem_taps_last
+        small = kk <= 9 and math.prod(out) * kk * w_shape[1] <= IM2COL_ELEMENTS
         return dot_last if (kk == 1 or small) and 0 not in out else native_last
     if w_shape[1] == 1 and math.prod(w_shape[2:]) <= GRID_TAPS_TERMS:
         return taps_last
