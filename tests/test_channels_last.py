@@ -281,3 +281,21 @@ def test_conv_transpose_with_kernel_equal_to_stride_runs_channels_last(attrs: di
     np.testing.assert_allclose(again.run(None, {"x": x})[0], oxla.InferenceSession(
         _model(nodes, inits, ["y"]).SerializeToString()).run(None, {"x": x})[0],
         rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("attrs", [
+    {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+    {"kernel_shape": [3, 2], "pads": [1, 0, 1, 1], "strides": [2, 2]},
+    {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1},
+    {"kernel_shape": [2, 2], "dilations": [2, 3]},
+    {"kernel_shape": [3, 2], "strides": [2, 3], "auto_pad": "SAME_UPPER"},
+], ids=["resnet", "uneven-pads", "ceil", "dilations", "same-upper"])
+def test_channels_last_max_pool_is_strided_slices(attrs: dict) -> None:
+    """MaxPool between convolutions runs channels last as maxima of strided slices, not XLA's
+    reduce_window: equal to onnxruntime on every geometry, negative inputs included."""
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("MaxPool", ["c1"], ["mp"], **attrs),
+             helper.make_node("Conv", ["mp", "w2"], ["y"])]
+    model = _model(nodes, [_w("w1", 6, 4, 3, 3), _w("w2", 5, 6, 1, 1)], ["y"], x_shape=(1, 4, 11, 10))
+    planned = _check(model)
+    assert (DOMAIN, "MaxPool") in _ops(planned)

@@ -15,7 +15,7 @@ from oxla.lowering.ops import conv_forms
 from oxla.lowering.ops.conv import conv_integer as conv_integer_first
 from oxla.lowering.ops.conv import conv_transpose as conv_transpose_first
 from oxla.lowering.ops.conv import conv_window, transpose_window
-from oxla.lowering.ops.pool import lowest, wide, window
+from oxla.lowering.ops.pool import wide, window
 from oxla.lowering.ops.qmath import int_conv_last
 from oxla.lowering.registry import rule
 from oxla.passes.channels_last import DOMAIN
@@ -62,7 +62,7 @@ def max_pool(cx, x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_sh
              pads=None, storage_order=0, strides=None):
     """MaxPool (Y only) with X and Y channels last."""
     win = window(cx, _first(x), kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
-    return win.reduce(x, lowest(x.dtype), lax.max, last=True)
+    return win.max(x, last=True)
 
 
 @rule("GlobalAveragePool", since=1, domain=DOMAIN)
