@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -83,10 +84,10 @@ def _window_max(x, win: Window, last: bool):
         config[first + axis] = (lo, hi + e, 0)
     # padded once on every axis: padding the first axis's maxima again for the next one made XLA
     # materialize them (channels last 112x112x24, 3x3/2: 0.36 against 0.20 ms at one thread)
-    y = lax.pad(x, low, config)
+    y: Any = lax.pad(x, low, config)
     for axis, (k, s, d, o) in enumerate(zip(win.kernel, win.strides, win.dilations, win.out)):
         a = first + axis
-        best = None
+        best: Any = None
         for tap in range(k):
             start, limit, step = [0] * y.ndim, list(y.shape), [1] * y.ndim
             start[a], limit[a], step[a] = tap * d, tap * d + (o - 1) * s + 1, s
