@@ -299,3 +299,17 @@ def test_channels_last_max_pool_is_strided_slices(attrs: dict) -> None:
     model = _model(nodes, [_w("w1", 6, 4, 3, 3), _w("w2", 5, 6, 1, 1)], ["y"], x_shape=(1, 4, 11, 10))
     planned = _check(model)
     assert (DOMAIN, "MaxPool") in _ops(planned)
+
+
+@pytest.mark.parametrize("x_shape", [(1, 4, 70, 66), (3, 4, 9, 5)])
+def test_channels_last_global_average_pool_is_a_dot(x_shape: tuple) -> None:
+    """GlobalAveragePool after a convolution runs channels last as a dot with a row of ones,
+    per image of the batch: equal to onnxruntime's mean (70x66 pixels: past the size where XLA
+    rewrites the reduction into blocks)."""
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("GlobalAveragePool", ["c1"], ["gap"]),
+             helper.make_node("Conv", ["gap", "w2"], ["y"])]
+    model = _model(nodes, [_w("w1", 6, 4, 3, 3), _w("w2", 5, 6, 1, 1)], ["y", "gap"],
+                   x_shape=x_shape)
+    planned = _check(model)
+    assert (DOMAIN, "GlobalAveragePool") in _ops(planned)

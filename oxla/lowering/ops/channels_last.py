@@ -6,8 +6,11 @@ geometry of its ONNX op; W, scale, bias and statistics keep their ONNX shapes.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from oxla.lowering.common import accum_dtype, xp
@@ -67,8 +70,20 @@ def max_pool(cx, x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_sh
 
 @rule("GlobalAveragePool", since=1, domain=DOMAIN)
 def global_average_pool(cx, x):
-    """GlobalAveragePool with X and Y channels last: the mean over axes 1..n, kept."""
+    """GlobalAveragePool with X and Y channels last: the mean over axes 1..n, kept.
+
+    float32 sums are a dot of a row of ones with X as (pixels, channels): XLA:CPU rewrites a
+    large reduction over the pixel axes into a reduce_window of 32x32 blocks and a second
+    reduce, and its reduce_window kernel is slow (in EfficientNet-B0's squeeze-excite blocks
+    0.8 ms of kernel time at one thread). EfficientNet-B0 at one thread 12.89 -> 11.47 and 13.34
+    -> 12.21 ms (both orders in one process), MobileNetV3-small 2.17 -> 2.04 and 2.15 -> 2.06."""
+    if x.dtype == jnp.float32:
+        n, c, hw = x.shape[0], x.shape[-1], math.prod(x.shape[1:-1])
+        rows = x.reshape(n, hw, c)
+        s = lax.dot_general(jnp.ones((n, 1, hw), x.dtype), rows, (((2,), (1,)), ((0,), (0,))))
+        return (s / np.float32(hw)).reshape((n,) + (1,) * (x.ndim - 2) + (c,))
     return jnp.mean(wide(x), axis=tuple(range(1, x.ndim - 1)), keepdims=True).astype(x.dtype)
+
 
 
 @rule("GlobalMaxPool", since=1, domain=DOMAIN)
