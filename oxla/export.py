@@ -96,6 +96,9 @@ def _input_shapes(model: Any, names: Sequence[str], dims: Mapping[str, int]) -> 
         tp = infos[n].type
         if tp.WhichOneof("value") != "tensor_type":
             raise ExportError(f"input '{n}' is not a tensor: only tensor inputs can be exported")
+        if not tp.tensor_type.HasField("shape"):  # no dims is not rank 0 here: the rank is unknown
+            raise ExportError(f"input '{n}' has no shape (its rank is unknown), and an exported "
+                              "computation fixes every input's rank; declare the input's shape")
         shape: list[int | str] = []
         for d in tp.tensor_type.shape.dim:
             if d.HasField("dim_value"):

@@ -6,7 +6,6 @@ import functools
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
 import onnx
 from google.protobuf.message import DecodeError
@@ -74,22 +73,46 @@ def load_model(source: ModelSource, *, base_dir: str | os.PathLike[str] | None =
         # The checker takes the file's bytes (serializing a large proto costs more than checking
         # it); a model with external data is checked by path, which finds the data files beside
         # it without loading them (a proto over 2 GiB cannot be serialized at all).
-        target: Any = model
+        target: ModelProto | bytes | str = model
         if external and path_text:
             target = path_text
         elif not external and data is not None:
             target = data
-        try:
-            onnx.checker.check_model(target)
-        except onnx.checker.ValidationError as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else "validation failed"
-            if not any(benign in first for benign in BENIGN_CHECKER_ERRORS):
-                raise InvalidModelError(
-                    f"{label}: onnx.checker rejects the model: {first}") from None
-        except UnicodeDecodeError:  # the checker's own message quotes a name that is not UTF-8
-            raise InvalidModelError(f"{label}: onnx.checker rejects the model: a name or string "
-                                    "in it is not valid UTF-8") from None
+        _run_checker(model, target, label)
     return model
+
+
+def _run_checker(model: ModelProto, target: ModelProto | bytes | str, label: str) -> None:
+    """onnx.checker on `target` (the model, its file's bytes or its path), the complaints in
+    BENIGN_CHECKER_ERRORS let pass."""
+    # The IR spec makes a tensor type's shape optional (absent: rank unknown) and onnxruntime
+    # loads graph inputs and outputs without one, but onnx.checker requires it on the main
+    # graph's and stops at the first one missing. For the check only, those get an empty shape
+    # (without full_check the checker reads no shape), so every other check still runs: on the
+    # proto in memory, external data included as load_model's resolver read it (the checker's
+    # own rules for data files, no symlink or hard link, then go unchecked). Over 2 GiB only
+    # the path can be checked, and there the first missing shape ends the check.
+    unshaped = [v.type.tensor_type for v in (*model.graph.input, *model.graph.output)
+                if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")]
+    benign: tuple[str, ...] = BENIGN_CHECKER_ERRORS
+    if unshaped and model.ByteSize() <= onnx.checker.MAXIMUM_PROTOBUF:
+        target = model
+        for tensor_type in unshaped:
+            tensor_type.shape.SetInParent()
+    elif unshaped:
+        benign = (*benign, "Field 'shape' of 'type' is required but missing")
+    try:
+        onnx.checker.check_model(target)
+    except onnx.checker.ValidationError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "validation failed"
+        if not any(complaint in first for complaint in benign):
+            raise InvalidModelError(f"{label}: onnx.checker rejects the model: {first}") from None
+    except UnicodeDecodeError:  # the checker's own message quotes a name that is not UTF-8
+        raise InvalidModelError(f"{label}: onnx.checker rejects the model: a name or string "
+                                "in it is not valid UTF-8") from None
+    finally:
+        for tensor_type in unshaped:
+            tensor_type.ClearField("shape")  # the model as its file has it
 
 
 @functools.cache

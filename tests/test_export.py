@@ -183,3 +183,14 @@ def test_unnamed_dim_stays_symbolic() -> None:
     for n in (2, 5):
         x = np.linspace(-1, 1, n * 3, dtype=np.float32).reshape(n, 3)
         np.testing.assert_array_equal(exported({"x": x})["y"], np.maximum(x, 0))
+
+
+def test_an_input_without_a_shape_is_refused_not_exported_as_a_scalar() -> None:
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ExportError, match=r"input 'x' has no shape \(its rank is unknown\)"):
+        export_model(model)

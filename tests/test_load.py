@@ -279,3 +279,83 @@ def test_string_data_that_is_not_utf8_is_named() -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(InvalidModelError, match="string tensor 's' holds bytes that are not UTF-8"):
         oxla.InferenceSession(model.SerializeToString())
+
+
+# --- graph inputs and outputs without a shape (rank unknown), loaded as onnxruntime loads them ---
+
+def _save_external(model: onnx.ModelProto, path: Path) -> None:
+    """Save a copy of the model with every weight in weights.bin beside it."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    onnx.save_model(copy, path, save_as_external_data=True, size_threshold=0, location="weights.bin")
+
+
+def _unshaped(which: str) -> onnx.ModelProto:
+    """y = Relu(x + b), b a scalar weight; `which` of x and y ("input", "output", "both") has no
+    shape field at all (onnx.checker refuses that, the IR spec and onnxruntime do not)."""
+    x_shape = None if which in ("input", "both") else [2, 3]
+    y_shape = None if which in ("output", "both") else [2, 3]
+    b = numpy_helper.from_array(np.float32(0.5), "b")
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "b"], ["s"]), helper.make_node("Relu", ["s"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, y_shape)], [b])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("which", ["output", "input", "both"])
+def test_unshaped_inputs_and_outputs_run_as_in_onnxruntime(which: str) -> None:
+    ort = pytest.importorskip("onnxruntime")
+    data = _unshaped(which).SerializeToString()
+    ours = oxla.InferenceSession(data)
+    theirs = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    # an input of unknown rank shows as [], as in onnxruntime (whose outputs show its own
+    # shape inference; oxla's show what the model declares: [] for none)
+    assert [i.shape for i in ours.get_inputs()] == [i.shape for i in theirs.get_inputs()]
+    assert ours.get_outputs()[0].shape == ([] if which != "input" else [2, 3])
+    xs = [np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)]
+    if which != "output":  # any rank goes in
+        xs += [np.array(-0.7, np.float32), np.float32([-2, 0, 3]), np.ones((2, 1, 2), np.float32) * -0.6]
+    for x in xs:
+        (want,) = theirs.run(None, {"x": x})
+        (got,) = ours.run(None, {"x": x})
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_unshaped_inputs_and_outputs_load_from_every_source(tmp_path: Path) -> None:
+    model = _unshaped("both")
+    weight = model.graph.initializer[0]
+    (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
+    _save_external(model, tmp_path / "ext.onnx")
+    for source in (model, model.SerializeToString(), tmp_path / "m.onnx", tmp_path / "ext.onnx"):
+        loaded = oxla.load_model(source)
+        # the shapes given for the check are gone: the model is as its file has it
+        assert not any(v.type.tensor_type.HasField("shape")
+                       for v in (*loaded.graph.input, *loaded.graph.output))
+        assert loaded.graph.initializer[0].raw_data == weight.raw_data
+    assert not model.graph.output[0].type.tensor_type.HasField("shape")  # the given proto untouched
+
+
+def test_unshaped_inputs_and_outputs_still_get_the_checkers_other_errors(tmp_path: Path) -> None:
+    model = _unshaped("both")
+    model.graph.node[1].input[0] = "nowhere"  # read before any node writes it
+    _save_external(model, tmp_path / "ext.onnx")
+    for source in (model, model.SerializeToString(), tmp_path / "ext.onnx"):
+        with pytest.raises(InvalidModelError, match="onnx.checker rejects the model: Nodes in a "
+                           "graph must be topologically sorted, however input 'nowhere'"):
+            oxla.load_model(source)
+    broken = _unshaped("input")  # checked after the input without a shape: still checked
+    broken.graph.output[0].type.tensor_type.ClearField("elem_type")
+    with pytest.raises(InvalidModelError, match="Field 'elem_type' of 'type' is required"):
+        oxla.load_model(broken.SerializeToString())
+
+
+def test_unshaped_outputs_of_a_model_too_large_to_check_in_memory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _unshaped("output")
+    _save_external(model, tmp_path / "ext.onnx")
+    # as over 2 GiB: only the path can be checked, and its first complaint is the missing shape
+    monkeypatch.setattr(onnx.checker, "MAXIMUM_PROTOBUF", 0)
+    loaded = oxla.load_model(tmp_path / "ext.onnx")
+    assert not loaded.graph.output[0].type.tensor_type.HasField("shape")
