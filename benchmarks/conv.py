@@ -39,7 +39,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from benchmarks.run import write_results
 
-FORMS = ("native", "taps", "taps_flat", "dot", "split", "native_last", "taps_last", "dot_last")
+FORMS = ("native", "taps", "taps_flat", "dot", "split", "native_last", "taps_last", "dot_last",
+         "stem_taps_last")
 # ConvTranspose rows: XLA's lhs-dilated convolution (what conv.py does unless kernel == stride) and
 # conv_forms.transposed_dot channels first and last
 TRANSPOSED_FORMS = ("dilated", "transposed_dot", "transposed_dot_last")
@@ -167,6 +168,8 @@ def _forms(s: Shape) -> list[str]:
         out += ["taps_last"]
     if s.k == 1 or (s.group == 1 and s.k <= 3):
         out += ["dot_last"]
+    if s.group == 1 and s.c <= F.STEM_CHANNELS and s.c * s.k * s.k <= F.STEM_TAPS_TERMS:
+        out += ["stem_taps_last"]
     return out
 
 
