@@ -27,7 +27,11 @@ from oxla.passes.qdq_conv import qdq_adds_to_qlinear, qdq_conv_to_integer, quant
 from oxla.passes.qlinear_conv import qlinear_conv_centered
 from oxla.passes.sibling_convs import merge_sibling_convs
 from oxla.passes.static_inputs import required_static
-from oxla.passes.weight_layout import conv_weights_to_hwio, gemm_weights_to_kn
+from oxla.passes.weight_layout import (
+    conv_weights_to_hwio,
+    gemm_weights_to_kn,
+    recurrent_weights_per_direction,
+)
 from oxla.passes.winograd import convs_to_winograd
 
 # Integer and bool initializers up to this size are compile-time constants by default: they are
@@ -81,6 +85,7 @@ def prepare(model: ModelProto, options: Options) -> DispatchTable:
             merge_sibling_convs(model)
             conv_weights_to_hwio(model)
             gemm_weights_to_kn(model)
+            recurrent_weights_per_direction(model)
             if options.channels_last:
                 convs_to_channels_last(model)
                 pad_ahead(model)

@@ -98,3 +98,41 @@ def test_gemm_weights_stored_kn_give_the_same_result() -> None:
     assert laid_out.params["w" + KN_SUFFIX].shape == (7, 5)
     np.testing.assert_allclose(np.asarray(laid_out({"x": x})["y"]),
                                x @ numpy_helper.to_array(w).T + numpy_helper.to_array(b), rtol=1e-5)
+
+
+def test_bidirectional_recurrent_weights_stored_per_direction() -> None:
+    """R of a bidirectional GRU/LSTM/RNN becomes one parameter per direction, joined by a
+    Concat; an R read elsewhere stays whole. Outputs equal onnxruntime's."""
+    import onnxruntime as ort
+
+    from oxla.lowering.context import Options
+    from oxla.passes.weight_layout import DIRECTION_SUFFIX
+
+    rng = np.random.default_rng(2)
+    hidden, inp, steps = 6, 5, 4
+    nodes, inits, outputs = [], [], []
+    for op, gates in (("GRU", 3), ("LSTM", 4), ("RNN", 1)):
+        w = rng.standard_normal((2, gates * hidden, inp)).astype(np.float32) * 0.3
+        r = rng.standard_normal((2, gates * hidden, hidden)).astype(np.float32) * 0.3
+        inits += [numpy_helper.from_array(w, f"{op}_w"), numpy_helper.from_array(r, f"{op}_r")]
+        nodes.append(helper.make_node(op, ["x", f"{op}_w", f"{op}_r"], [f"{op}_y"],
+                                      hidden_size=hidden, direction="bidirectional"))
+        outputs.append(f"{op}_y")
+    # the RNN's R also read by a ReduceSum: left whole
+    nodes.append(helper.make_node("ReduceSum", ["RNN_r"], ["r_sum"], keepdims=0))
+    outputs.append("r_sum")
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [steps, 1, inp])],
+                              [helper.make_empty_tensor_value_info(o) for o in outputs], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.standard_normal((steps, 1, inp)).astype(np.float32)
+    laid_out = oxla.CompiledModel(model, Options(layout_weights=True))
+    params = set(laid_out.params)
+    for op in ("GRU", "LSTM"):
+        assert {f"{op}_r{DIRECTION_SUFFIX}0", f"{op}_r{DIRECTION_SUFFIX}1"} <= params
+        assert f"{op}_r" not in params
+        assert laid_out.params[f"{op}_r{DIRECTION_SUFFIX}1"].shape == (1, (3 if op == "GRU" else 4) * hidden, hidden)
+    assert "RNN_r" in params and f"RNN_r{DIRECTION_SUFFIX}0" not in params
+    got = oxla.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for g, w_ in zip(got, want):
+        np.testing.assert_allclose(g, w_, rtol=1e-5, atol=1e-6)
