@@ -85,7 +85,6 @@ def global_average_pool(cx, x):
     return jnp.mean(wide(x), axis=tuple(range(1, x.ndim - 1)), keepdims=True).astype(x.dtype)
 
 
-
 @rule("GlobalMaxPool", since=1, domain=DOMAIN)
 def global_max_pool(cx, x):
     """GlobalMaxPool with X and Y channels last: the max over axes 1..n, kept."""

@@ -45,10 +45,11 @@ IM2COL_ELEMENTS = 1 << 19
 # STEM_TAPS_TERMS terms per output (input channels x prod(K)) runs as fused multiply-adds along
 # the output channels (`stem_taps_last`) at any size: XLA's own convolution handles 3 channels
 # poorly, and so did the im2col dot before (its columns took 0.65 ms of MobileNetV3-small's 2.5).
-# One thread, channels-last output from an NCHW input, ms: 3->16 3x3/2 at 224: 0.22 against 0.54 as the dot (onnxruntime 0.20);
-# 3->32 0.47 / 0.69 (0.35); 3->32 at 320 0.82 / 1.26 (0.70); 3->64 0.64 / 0.70 (0.56); 1->32 3x3/1
-# at 128 0.16 / 0.29 (0.29); 3->16 5x5/2 0.53 against 1.08 for XLA's convolution (0.35). A 7x7
-# stem (147 terms) lost: 3->64 at 224 5.96 against 2.31 for XLA's convolution (1.77). In the
+# One thread, channels-last output from an NCHW input, ms: 3->16 3x3/2 at 224: 0.22 against 0.54
+# as the dot (onnxruntime 0.20); 3->32 0.47 / 0.69 (0.35); 3->32 at 320 0.82 / 1.26 (0.70); 3->64
+# 0.64 / 0.70 (0.56); 1->32 3x3/1 at 128 0.16 / 0.29 (0.29); 3->16 5x5/2 0.53 against 1.08 for
+# XLA's convolution (0.35). A 7x7 stem (147 terms) lost: 3->64 at 224 5.96 against 2.31 for XLA's
+# convolution (1.77). In the
 # suite's models, one thread, both orders in one process: MobileNetV3-small 2.81 -> 2.39 and
 # 2.74 -> 2.43 ms, the detector 6.98 -> 6.46 and 6.88 -> 6.53, EfficientNet-B0 15.32 -> 15.10 and
 # 15.02 -> 14.83.
@@ -387,8 +388,8 @@ def dense_dot_last(x: Any, w: Any, strides: Sequence[int], padding: Pads,
 def choose_last(sizes: Sequence[int], w_shape: Sequence[int], strides: Sequence[int],
                 padding: Pads, dilations: Sequence[int], group: int) -> Form:
     """The form of a channels-last convolution: taps for image stems and depthwise, a dot for 1x1
-    and small dense kernels, XLA's own for other dense ones, and otherwise the channels-first form `choose`
-    picks, between two transposes."""
+    and small dense kernels, XLA's own for other dense ones, and otherwise the channels-first
+    form `choose` picks, between two transposes."""
     if group == 1:
         kk = math.prod(w_shape[2:])
         out = out_sizes(sizes, padding, w_shape[2:], strides, dilations)
