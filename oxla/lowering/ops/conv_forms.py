@@ -49,10 +49,9 @@ IM2COL_ELEMENTS = 1 << 19
 # as the dot (onnxruntime 0.20); 3->32 0.47 / 0.69 (0.35); 3->32 at 320 0.82 / 1.26 (0.70); 3->64
 # 0.64 / 0.70 (0.56); 1->32 3x3/1 at 128 0.16 / 0.29 (0.29); 3->16 5x5/2 0.53 against 1.08 for
 # XLA's convolution (0.35). A 7x7 stem (147 terms) lost: 3->64 at 224 5.96 against 2.31 for XLA's
-# convolution (1.77). In the
-# suite's models, one thread, both orders in one process: MobileNetV3-small 2.81 -> 2.39 and
-# 2.74 -> 2.43 ms, the detector 6.98 -> 6.46 and 6.88 -> 6.53, EfficientNet-B0 15.32 -> 15.10 and
-# 15.02 -> 14.83.
+# convolution (1.77). In the suite's models, one thread, both orders in one process:
+# MobileNetV3-small 2.81 -> 2.39 and 2.74 -> 2.43 ms, the detector 6.98 -> 6.46 and 6.88 -> 6.53,
+# EfficientNet-B0 15.32 -> 15.10 and 15.02 -> 14.83.
 STEM_CHANNELS = 4
 STEM_TAPS_TERMS = 100
 # `taps_last` sums all of a depthwise kernel's taps in one loop over (pixel, channel): per pixel it
