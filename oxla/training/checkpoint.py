@@ -14,8 +14,8 @@ from typing import BinaryIO
 import onnx
 from onnx import ModelProto, TensorProto
 
-from oxla.errors import InvalidModelError, TrainingError
-from oxla.load import BENIGN_CHECKER_ERRORS, ModelSource, iter_tensors, load_model
+from oxla.errors import TrainingError
+from oxla.load import ModelSource, iter_tensors, load_model
 
 CHUNK = 1 << 20
 # protobuf refuses to serialise 2 GiB; 64 MiB is left for the graph, names and small tensors
@@ -214,20 +214,11 @@ def save_model(model: ModelProto, path: str | os.PathLike[str], *, external_data
 
 
 def load_saved(source: ModelSource) -> ModelProto:
-    """load_model, with a file checked by onnx.checker on its path: a model over 2 GiB (its
-    tensors external) cannot be checked as one in-memory proto.
+    """load_model: a file with external data is checked by onnx.checker on its path (a model over
+    2 GiB cannot be checked as one in-memory proto), and graph inputs/outputs without a shape
+    load, as load_model's do.
 
     Raises:
         InvalidModelError: as load_model.
     """
-    if isinstance(source, bytes | bytearray | memoryview | ModelProto):
-        return load_model(source)
-    try:
-        onnx.checker.check_model(os.fspath(source))
-    except onnx.checker.ValidationError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else "validation failed"
-        if not any(benign in first for benign in BENIGN_CHECKER_ERRORS):
-            raise InvalidModelError(f"{source}: onnx.checker rejects the model: {first}") from None
-    except OSError as e:
-        raise InvalidModelError(f"cannot read model file '{source}': {e.strerror}") from None
-    return load_model(source, check=False)
+    return load_model(source)

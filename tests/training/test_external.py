@@ -122,3 +122,17 @@ def test_a_real_model_over_2_gib_round_trips(tmp_path: Path) -> None:
     back = load_saved(path)
     got = onnx.numpy_helper.to_array(back.graph.initializer[0])
     assert got.shape == (560_000_000,) and got[0] == 0 and got[-1] == 559_999_999
+
+
+def test_a_saved_model_without_output_shapes_loads(tmp_path: Path) -> None:
+    """load_saved takes what load_model takes: a graph output without a shape (onnxruntime loads
+    it; onnx.checker alone would refuse it)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    path = tmp_path / "shapeless.onnx"
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    model = load_saved(path)
+    assert not model.graph.output[0].type.tensor_type.HasField("shape")
