@@ -185,7 +185,7 @@ def _int_range(text: str | None) -> tuple[int, int] | None:
 
 
 def _symbolic(specs: Sequence[InputSpec]) -> set[str]:
-    return {d for _, _, shape in specs for d in shape if isinstance(d, str) and d != "?"}
+    return {d for _, _, shape in specs for d in shape or [] if isinstance(d, str) and d != "?"}
 
 
 def _feeds(args: argparse.Namespace, specs: Sequence[InputSpec],
@@ -204,22 +204,9 @@ def _feeds(args: argparse.Namespace, specs: Sequence[InputSpec],
 
 def _onnx_specs(model: Any) -> tuple[list[InputSpec], dict[str, int]]:
     """The model's inputs as (name, dtype, shape) with dim names kept, and its Gather bounds."""
-    from oxla.dtypes import to_numpy_dtype
-    from oxla.feeds import index_bounds
+    from oxla.feeds import index_bounds, input_specs
 
-    inits = {t.name for t in model.graph.initializer}
-    specs: list[InputSpec] = []
-    for info in model.graph.input:
-        if info.name in inits:
-            continue
-        if info.type.WhichOneof("value") != "tensor_type":
-            specs.append((info.name, None, []))  # sequences, maps: only from --input
-            continue
-        tt = info.type.tensor_type
-        shape: list[int | str] = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0
-                                  else (d.dim_param or "?") for d in tt.shape.dim]
-        specs.append((info.name, to_numpy_dtype(tt.elem_type), shape))
-    return specs, index_bounds(model)
+    return input_specs(model), index_bounds(model)
 
 
 def _np_dtype(name: str) -> np.dtype:

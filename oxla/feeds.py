@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # onnx is imported where a model is read: exported models run
     import onnx
 
 # An input to fill: name, dtype (None: not a tensor), shape with ints or dim names.
-InputSpec = tuple[str, "np.dtype | None", list[int | str]]
+InputSpec = tuple[str, "np.dtype | None", "list[int | str] | None"]  # None: not a tensor / no shape
 
 
 def read_array(path: str | Path) -> Any:
@@ -101,27 +101,40 @@ def random_feeds(model: onnx.ModelProto, *, seed: int = 0, dims: Mapping[str, in
         {input name: array}; integer indices in range, boolean inputs as masks.
 
     Raises:
-        InputError: a `dims` name the inputs do not have, a non-tensor input, an empty range.
+        InputError: a `dims` name the inputs do not have, a non-tensor input or one without a
+            shape, an empty range.
     """
-    from oxla.dtypes import to_numpy_dtype
-
-    inits = {t.name for t in model.graph.initializer}
-    inputs = [i for i in model.graph.input if i.name not in inits]
-    named = {d.dim_param for i in inputs for d in i.type.tensor_type.shape.dim if d.dim_param}
+    specs = input_specs(model)
+    named = {d for _, _, shape in specs for d in shape or [] if isinstance(d, str) and d != "?"}
     unknown = sorted(set(dims or {}) - named)
     if unknown:
         raise InputError(f"--dim names {unknown} are not dims of this model's inputs; "
                          f"its symbolic dims are {sorted(named) or 'none'}")
-    specs: list[InputSpec] = []
-    for info in inputs:
-        if info.type.WhichOneof("value") != "tensor_type":
-            raise InputError(f"input '{info.name}' is not a tensor; give it with --input")
-        tt = info.type.tensor_type
-        shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")
-                 for d in tt.shape.dim]
-        specs.append((info.name, to_numpy_dtype(tt.elem_type), shape))
     return random_for_specs(specs, index_bounds(model), seed=seed, dims=dims,
                             default_dim=default_dim, int_range=int_range)
+
+
+def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
+    """The model's non-initializer inputs as (name, dtype, shape with dim names, "?" for an
+    unnamed unknown dim); dtype None for a non-tensor input, shape None for a tensor declared
+    without a shape (its rank unknown)."""
+    from oxla.dtypes import to_numpy_dtype
+
+    inits = {t.name for t in model.graph.initializer}
+    specs: list[InputSpec] = []
+    for info in model.graph.input:
+        if info.name in inits:
+            continue
+        if info.type.WhichOneof("value") != "tensor_type":
+            specs.append((info.name, None, []))
+            continue
+        tt = info.type.tensor_type
+        shape: list[int | str] | None = None
+        if tt.HasField("shape"):
+            shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")
+                     for d in tt.shape.dim]
+        specs.append((info.name, to_numpy_dtype(tt.elem_type), shape))
+    return specs
 
 
 def random_for_specs(specs: Sequence[InputSpec], bounds: Mapping[str, int],
@@ -135,6 +148,9 @@ def random_for_specs(specs: Sequence[InputSpec], bounds: Mapping[str, int],
     for name, dtype, shape in specs:
         if dtype is None:
             raise InputError(f"input '{name}' is not a tensor; give it with --input")
+        if shape is None:
+            raise InputError(f"input '{name}' has no shape in the model (its rank is unknown); "
+                             "give it with --input")
         concrete = tuple(d if isinstance(d, int) else (dims or {}).get(d, default_dim) for d in shape)
         size = math.prod(concrete) * dtype.itemsize
         limit = memory_limit or machine_memory()

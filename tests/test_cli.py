@@ -135,6 +135,9 @@ def test_random_feeds_bounds_masks_and_ranges() -> None:
         random_feeds(model, dims={"m": 2})
     with pytest.raises(InputError, match="input 'seq' is not a tensor; give it with --input"):
         random_for_specs([("seq", None, [])], {})
+    graph.input.append(helper.make_tensor_value_info("free", TensorProto.FLOAT, None))
+    with pytest.raises(InputError, match="input 'free' has no shape .* give it with --input"):
+        random_feeds(helper.make_model(graph))  # rank unknown: not guessed as a scalar
 
 
 def _error(*args: str) -> str:
@@ -149,6 +152,14 @@ def test_errors_are_one_message_with_status_2(tmp_path: Path) -> None:
 
     assert "--dim names ['bacth'] are not dims" in _error("run", MODEL, "--random-inputs", "--dim", "bacth=2")
     assert "--int-range takes LO,HI" in _error("run", MODEL, "--random-inputs", "--int-range", "5")
+    from onnx import TensorProto, helper
+
+    shapeless = tmp_path / "shapeless.onnx"  # an input of unknown rank: not guessed as a scalar
+    shapeless.write_bytes(helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
+        opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    assert "input 'x' has no shape in the model" in _error("run", str(shapeless), "--random-inputs")
     garbage = tmp_path / "x.npy"
     garbage.write_bytes(b"\x93NUMPY garbage")
     assert "cannot read input file" in _error("run", MODEL, "--input", f"image={garbage}")
