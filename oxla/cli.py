@@ -184,16 +184,12 @@ def _int_range(text: str | None) -> tuple[int, int] | None:
     return low, high
 
 
-def _symbolic(specs: Sequence[InputSpec]) -> set[str]:
-    return {d for _, _, shape in specs for d in shape or [] if isinstance(d, str) and d != "?"}
-
-
 def _feeds(args: argparse.Namespace, specs: Sequence[InputSpec],
            bounds: dict[str, int]) -> dict[str, Any]:
     """--input files, then random values for the rest when --random-inputs asks for them."""
-    from oxla.feeds import parse_input_args, random_for_specs
+    from oxla.feeds import parse_input_args, random_for_specs, symbolic_dims
 
-    dims = _dims(args.dim, _symbolic(specs))
+    dims = _dims(args.dim, symbolic_dims(specs))
     int_range = _int_range(args.int_range)
     feeds = parse_input_args(args.input)
     if args.random_inputs:

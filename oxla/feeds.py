@@ -105,7 +105,7 @@ def random_feeds(model: onnx.ModelProto, *, seed: int = 0, dims: Mapping[str, in
             shape, an empty range.
     """
     specs = input_specs(model)
-    named = {d for _, _, shape in specs for d in shape or [] if isinstance(d, str) and d != "?"}
+    named = symbolic_dims(specs)
     unknown = sorted(set(dims or {}) - named)
     if unknown:
         raise InputError(f"--dim names {unknown} are not dims of this model's inputs; "
@@ -135,6 +135,11 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
                      for d in tt.shape.dim]
         specs.append((info.name, to_numpy_dtype(tt.elem_type), shape))
     return specs
+
+
+def symbolic_dims(specs: Sequence[InputSpec]) -> set[str]:
+    """The dim names of these inputs' shapes."""
+    return {d for _, _, shape in specs for d in shape or [] if isinstance(d, str) and d != "?"}
 
 
 def random_for_specs(specs: Sequence[InputSpec], bounds: Mapping[str, int],

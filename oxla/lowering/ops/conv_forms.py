@@ -88,9 +88,10 @@ def out_sizes(sizes: Sequence[int], padding: Pads, kernel: Sequence[int],
                  for size, (lo, hi), k, s, d in zip(sizes, padding, kernel, strides, dilations))
 
 
-def pad(x: Any, padding: Pads) -> Any:
-    """X zero-padded on its spatial axes."""
-    config = [(0, 0, 0), (0, 0, 0), *[(lo, hi, 0) for lo, hi in padding]]
+def pad(x: Any, padding: Pads, *, last: bool = False) -> Any:
+    """X zero-padded on its spatial axes: X (N, C, *S), or (N, *S, C) if last."""
+    spatial = [(lo, hi, 0) for lo, hi in padding]
+    config = [(0, 0, 0), *spatial, (0, 0, 0)] if last else [(0, 0, 0), (0, 0, 0), *spatial]
     return lax.pad(x, jnp.zeros((), x.dtype), config)
 
 
@@ -281,9 +282,8 @@ def taps_last(x: Any, w: Any, strides: Sequence[int], padding: Pads, dilations: 
     # padded once: with a select per tap fused into the loop, stride 1 ran 3-14x slower alone
     # (one thread, CPU time); strided 3x3 ran 0.35x alone but 1.35x inside MobileNet-small, where
     # the pad fuses into the producer's loop instead of being a pass of its own
-    config = [(0, 0, 0), *[(lo, hi, 0) for lo, hi in padding], (0, 0, 0)]
     padded = any(lo or hi for lo, hi in padding)
-    xa, padding = lax.pad(xa, jnp.zeros((), acc), config), [(0, 0)] * nd
+    xa, padding = pad(xa, padding, last=True), [(0, 0)] * nd
     if padded:
         # the padded X is stored: else XLA reads the centre tap from the unpadded X (the slice of
         # the pad is X itself) and fuses X's producer into this loop, computing it a second time
@@ -323,8 +323,7 @@ def stem_taps_last(x: Any, w: Any, strides: Sequence[int], padding: Pads,
     nd, c = len(kernel), x.shape[-1]
     acc = accumulator(x.dtype)
     out = out_sizes(x.shape[1:-1], padding, kernel, strides, dilations)
-    config = [(0, 0, 0), *[(lo, hi, 0) for lo, hi in padding], (0, 0, 0)]
-    xp = lax.pad(x.astype(acc), jnp.zeros((), acc), config)
+    xp = pad(x.astype(acc), padding, last=True)
     wa = w.astype(acc)
     terms: list[Any] = []
     for tap in itertools.product(*[range(k) for k in kernel]):
@@ -373,8 +372,7 @@ def dense_dot_last(x: Any, w: Any, strides: Sequence[int], padding: Pads,
     nd, kk = len(kernel), math.prod(kernel)
     out = out_sizes(x.shape[1:-1], padding, kernel, strides, dilations)
     acc = accumulator(x.dtype)
-    xp = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0), *[(lo, hi, 0) for lo, hi in padding],
-                                             (0, 0, 0)])
+    xp = pad(x, padding, last=True)
     wins: list[Any] = [window(xp, tap, out, strides, [(0, 0)] * nd, dilations, last=True)
                        for tap in itertools.product(*[range(k) for k in kernel])]
     cols = wins[0] if kk == 1 else jnp.concatenate(wins, axis=-1)
