@@ -155,6 +155,27 @@ def test_winograd_segments_get_ynnpack_dots(monkeypatch: pytest.MonkeyPatch, cor
     assert kinds not in cpu_client.compiler_options(device, ["ConvInteger", "Conv"])
 
 
+@pytest.mark.parametrize("cores", [1, 2])
+def test_segments_of_products_with_a_convolution_get_every_ynnpack_fusion(
+        monkeypatch: pytest.MonkeyPatch, cores: int) -> None:
+    """A vision transformer's segment (one patch-embedding Conv, many MatMuls) compiles as one
+    without convolutions on a pooled client; a CNN's classifier Gemm does not change its own."""
+    from oxla import cpu_client
+
+    monkeypatch.setattr(cpu_client, "_cores", lambda: cores)
+    device = cpu_client.inline_device()
+    kinds = "xla_cpu_experimental_ynn_fusion_type"
+    if cpu_client.YNN_FUSIONS:
+        pytest.skip("OXLA_YNN_FUSIONS overrides the choice")
+    vit = ["Conv", "Reshape", "Transpose"] + ["MatMul", "Add", "Softmax"] * 8
+    cnn = ["Conv", "Relu"] * 8 + ["GlobalAveragePool", "Gemm"]
+    if cores > 1:
+        assert kinds not in cpu_client.compiler_options(device, vit)
+    else:
+        assert cpu_client.compiler_options(device, vit)[kinds] == cpu_client.CONV_ONLY
+    assert cpu_client.compiler_options(device, cnn)[kinds] == cpu_client.CONV_ONLY
+
+
 def test_64_bit_models_are_exact() -> None:
     x = np.array([3, -7, 2**31 - 1, 2**40], np.int64)
     big, tenth = oxla.InferenceSession(WIDE.SerializeToString()).run(None, {"x": x})
