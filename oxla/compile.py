@@ -138,13 +138,20 @@ def _widen(value: Any, want: np.dtype | None, narrowed: bool) -> Any:
 
 
 def compile(model: ModelSource | ModelProto, *, bake_weights: bool = False,
-            cache_size: int = DEFAULT_CACHE_SIZE, memory_limit: int | None = None) -> CompiledModel:
+            cache_size: int = DEFAULT_CACHE_SIZE, memory_limit: int | None = None,
+            layout_weights: bool = False) -> CompiledModel:
     """Load (if needed) and prepare a model for running.
 
     Args:
         model: a path, bytes or ModelProto.
         bake_weights: put initializers into the XLA program as constants instead of passing them
             as parameters (slower compiles, sometimes faster runs).
+        layout_weights: run the graph passes InferenceSession runs (convolution kernels stored
+            HWIO, conv nets channels last, Winograd, sibling convs merged), which rename and
+            re-lay some parameters: `.params` then holds those, not the file's initializers.
+            Off by default, so that `fn` takes the model's own parameters; a conv net called
+            through the returned model is much faster with it on (ResNet-50: 116 against 44 ms
+            at default threads).
         cache_size: how many compiled segments to keep per model.
         memory_limit: the most bytes one value may take (default: the machine's memory); a node
             whose output would need more raises ResourceError before anything allocates it.
@@ -153,5 +160,5 @@ def compile(model: ModelSource | ModelProto, *, bake_weights: bool = False,
         A CompiledModel; call it with a dict of inputs, or use `.fn(params, inputs)` with `.params`.
     """
     proto = load_model(model)
-    options = Options(bake_weights=bake_weights, memory_limit=memory_limit)
+    options = Options(bake_weights=bake_weights, memory_limit=memory_limit, layout_weights=layout_weights)
     return CompiledModel(proto, options, copy=False, cache_size=cache_size)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import jax
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -313,3 +314,21 @@ def test_channels_last_global_average_pool_is_a_dot(x_shape: tuple) -> None:
                    x_shape=x_shape)
     planned = _check(model)
     assert (DOMAIN, "GlobalAveragePool") in _ops(planned)
+
+
+def test_compile_with_layout_weights_runs_the_session_passes() -> None:
+    """oxla.compile keeps the file's parameters by default; layout_weights=True runs the passes
+    InferenceSession runs (the conv channels last, its kernel renamed HWIO), same results."""
+    model = _model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                    helper.make_node("Relu", ["c"], ["y"])], [_w("w", 6, 4, 3, 3)], ["y"])
+    x = RNG.standard_normal((2, 4, 9, 9)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    plain = oxla.compile(model)
+    laid = oxla.compile(model, layout_weights=True)
+    assert set(plain.params) == {"w"} and "w" not in laid.params
+    assert (DOMAIN, "Conv") in _ops(laid.model) and (DOMAIN, "Conv") not in _ops(plain.model)
+    for compiled in (plain, laid):
+        np.testing.assert_allclose(np.asarray(compiled({"x": x})["y"]), want, rtol=1e-4, atol=1e-5)
+        got = jax.jit(compiled.fn)(compiled.params, {"x": x})["y"]
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)
