@@ -9,10 +9,13 @@ import numpy as np
 from onnx import (
     AttributeProto,
     GraphProto,
+    ModelProto,
     NodeProto,
     OperatorSetIdProto,
     SparseTensorProto,
+    helper,
     numpy_helper,
+    shape_inference,
 )
 
 from oxla.errors import InvalidModelError, LoweringError
@@ -152,3 +155,22 @@ def attribute_value(attr: AttributeProto) -> Any:
     if t == A.TYPE_PROTOS:
         return tuple(attr.type_protos)
     raise LoweringError(f"attribute '{attr.name}' has unknown type {t}")
+
+
+def inferred_types(model: ModelProto) -> GraphProto:
+    """ONNX shape inference over the main graph with its initializers' data left out (a model over
+    2 GiB cannot be serialized for the inference, and types and shapes are all it gives): the
+    inferred graph, whose inputs, value_info and outputs carry what it found. Model-local
+    functions (oxla's own ops included) are inferred through their bodies.
+
+    Raises:
+        onnx.shape_inference.InferenceError: the graph's types contradict each other.
+    """
+    declared = {i.name for i in model.graph.input}
+    typed = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+             for t in model.graph.initializer if t.name not in declared]
+    light = helper.make_model(helper.make_graph(model.graph.node, "types", [*model.graph.input, *typed],
+                                                model.graph.output, value_info=model.graph.value_info),
+                              opset_imports=model.opset_import, functions=model.functions)
+    light.ir_version = model.ir_version
+    return shape_inference.infer_shapes(light).graph

@@ -95,6 +95,22 @@ def test_other_convolutions_stay(model: onnx.ModelProto) -> None:
     assert not any(n.domain == DOMAIN for n in _planned(model).graph.node)
 
 
+def test_small_images_stay_and_unknown_sizes_go() -> None:
+    """A layer shape inference finds at most MAX_SMALL_TILES 2x2 tiles (7x7: 16) stays XLA's
+    convolution; 9x9 (25 tiles, above) and symbolic sizes become Winograd."""
+    small = _model(128, 128, 7)
+    assert not any(n.domain == DOMAIN for n in _planned(small).graph.node)
+    x = RNG.standard_normal((1, 128, 7, 7)).astype(np.float32)
+    data = small.SerializeToString()
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(oxla.InferenceSession(data).run(None, {"x": x})[0], want, rtol=1e-4, atol=2e-5)
+    symbolic = _model(128, 128, 7)
+    dims = symbolic.graph.input[0].type.tensor_type.shape.dim
+    dims[2].dim_param, dims[3].dim_param = "h", "w"
+    assert [n.domain for n in _planned(symbolic).graph.node if n.op_type == "Conv"] == [DOMAIN]
+    assert [n.domain for n in _planned(_model(128, 128, 9)).graph.node if n.op_type == "Conv"] == [DOMAIN]
+
+
 def test_symbolic_image_sizes() -> None:
     # a jax.export of model.fn can leave H and W symbolic: the pixel count is then unknown while
     # tracing, and the rule convolves with the kernel made back from U

@@ -7,6 +7,7 @@ channels becomes `oxla.winograd::Conv`, reading the kernel's Winograd transform 
 dropped where nothing else reads it. Narrower layers stay XLA's convolution: at 64 channels and
 56x56 the two took the same time, and each Winograd layer adds compile time (ResNet-50's first
 call 1.28 -> 1.55 s with the 10 layers of 128 channels or more, 1.8 s with the 13 of 64 or more).
+Layers whose output shape inference finds small (at most MAX_SMALL_TILES tiles) stay too.
 
 The planned model stays a valid ONNX model: the op has a model-local function body that turns
 U back into the kernel (g = P U P^T, P G = I) and runs the standard Conv between transposes.
@@ -14,16 +15,26 @@ U back into the kernel (g = P U P^T, P G = I) and runs the standard Conv between
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from onnx import FunctionProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
-from oxla.graph import attribute_value, model_opsets, node_reads, tensor_value
+from oxla.graph import attribute_value, inferred_types, model_opsets, node_reads, tensor_value
 from oxla.lowering.ops.winograd import DOMAIN, P, kernel_transform
 from oxla.passes.channels_last import DOMAIN as LAST
 from oxla.passes.channels_last import TO_FIRST, TO_LAST
 
 SUFFIX = "__oxla_winograd"
 MIN_CHANNELS = 128
+# A layer whose output is known (from shape inference) to be at most this many 2x2 tiles stays
+# XLA's convolution: at 7x7 (16 tiles) the transformed kernels (16 x C x M, 16.8 MB at 512
+# channels) are read for 16 tiles only, and XLA's convolution was faster. ResNet-50 (two such
+# layers), both orders in one process: one thread 56.4 -> 53.7 and 59.9 -> 56.8 ms, default
+# threads equal (41.3 / 41.4, 40.6 / 40.2). The DBNet-style segmenter's 512-channel layers at 10x10
+# (25 tiles) keep Winograd: without it they ran slower at default threads (46.9 -> 48.5 and
+# 47.8 -> 51.2 ms), equal at one thread.
+MAX_SMALL_TILES = 16
 
 
 def _eligible(node: NodeProto) -> bool:
@@ -57,6 +68,22 @@ def _hwio(node: NodeProto, producers: dict[str, NodeProto],
     return value, [name, source]
 
 
+def _small_outputs(model: ModelProto) -> set[str]:
+    """Names of values that shape inference finds to be channels-last images of at most
+    MAX_SMALL_TILES 2x2 tiles; none when inference fails (every layer is then eligible)."""
+    try:
+        graph = inferred_types(model)
+    except Exception:  # the pass only loses a hint, never the model
+        return set()
+    small = set()
+    for value in [*graph.value_info, *graph.output]:
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) == 4 and all(d.HasField("dim_value") for d in dims[1:3]) \
+                and math.ceil(dims[1].dim_value / 2) * math.ceil(dims[2].dim_value / 2) <= MAX_SMALL_TILES:
+            small.add(value.name)
+    return small
+
+
 def convs_to_winograd(model: ModelProto) -> int:
     """Rewrite the eligible channels-last Convs of the main graph; returns how many."""
     graph = model.graph
@@ -69,6 +96,7 @@ def convs_to_winograd(model: ModelProto) -> int:
             readers[name] = readers.get(name, 0) + 1
     outputs = {o.name for o in graph.output}
     count = 0
+    small: set[str] | None = None  # inferred only when a layer is otherwise eligible
     for node in graph.node:
         if node.op_type != "Conv" or node.domain != LAST or len(node.input) < 2 or not _eligible(node):
             continue
@@ -79,6 +107,10 @@ def convs_to_winograd(model: ModelProto) -> int:
         if hwio.dtype != np.float32 or hwio.shape[:2] != (3, 3) \
                 or min(hwio.shape[2], hwio.shape[3]) < MIN_CHANNELS \
                 or any(readers.get(n, 0) != 1 or n in outputs for n in names):
+            continue
+        if small is None:
+            small = _small_outputs(model)
+        if node.output[0] in small:
             continue
         u_name = names[-1] + SUFFIX
         graph.initializer.append(numpy_helper.from_array(kernel_transform(hwio), u_name))

@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper, shape_inference
+from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from oxla.dtypes import to_numpy_dtype
 from oxla.errors import TrainingError
+from oxla.graph import inferred_types
 from oxla.lowering.registry import canonical_domain
 from oxla.training.build import Plan
 from oxla.training.randomness import RANDOM_OPS, Seeded
@@ -53,16 +54,7 @@ def _graph_facts(model: ModelProto) -> Facts:
     for n in model.graph.node:
         if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
             tensors[n.output[0]] = n.attribute[0].t
-    # shape inference on the graph without initializer data: a model over 2 GiB cannot be
-    # serialized for the inference, and types are all it needs
-    declared = {i.name for i in model.graph.input}
-    typed = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-             for t in model.graph.initializer if t.name not in declared]
-    light = helper.make_model(helper.make_graph(model.graph.node, "types", [*model.graph.input, *typed],
-                                                model.graph.output, value_info=model.graph.value_info),
-                              opset_imports=model.opset_import, functions=model.functions)
-    light.ir_version = model.ir_version
-    inferred = shape_inference.infer_shapes(light).graph
+    inferred = inferred_types(model)
     elem = {v.name: v.type.tensor_type.elem_type
             for v in [*inferred.input, *inferred.value_info, *inferred.output]}
     elem.update({t.name: t.data_type for t in model.graph.initializer})
