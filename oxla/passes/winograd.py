@@ -30,10 +30,10 @@ MIN_CHANNELS = 128
 # A layer whose output is known (from shape inference) to be at most this many 2x2 tiles stays
 # XLA's convolution: at 7x7 (16 tiles) the transformed kernels (16 x C x M, 16.8 MB at 512
 # channels) are read for 16 tiles only, and XLA's convolution was faster. ResNet-50 (two such
-# layers), both orders in one process: one thread 56.4 -> 53.7 and 59.9 -> 56.8 ms, default
-# threads equal (41.3 / 41.4, 40.6 / 40.2). The DBNet-style segmenter's 512-channel layers at 10x10
-# (25 tiles) keep Winograd: without it they ran slower at default threads (46.9 -> 48.5 and
-# 47.8 -> 51.2 ms), equal at one thread.
+# layers), both orders in one process: one thread 56.6 -> 55.0 and 58.4 -> 55.8 ms, default
+# threads equal (40.5 / 40.8, 41.2 / 41.1); its load 0.95 -> 0.68 s, first call 1.64 -> 1.57 s.
+# The DBNet-style segmenter's 512-channel layers at 10x10 (25 tiles) keep Winograd: without it
+# they ran slower at default threads (46.9 -> 48.5 and 47.8 -> 51.2 ms), equal at one thread.
 MAX_SMALL_TILES = 16
 
 
