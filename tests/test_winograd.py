@@ -96,8 +96,8 @@ def test_other_convolutions_stay(model: onnx.ModelProto) -> None:
 
 
 def test_small_images_stay_and_unknown_sizes_go() -> None:
-    """A layer shape inference finds at most MAX_SMALL_TILES 2x2 tiles (7x7: 16) stays XLA's
-    convolution; 9x9 (25 tiles, above) and symbolic sizes become Winograd."""
+    """A layer shape inference finds at most MAX_SMALL_TILES 2x2 tiles (one 7x7 image: 16) stays
+    XLA's convolution; 9x9 (25 tiles), two 7x7 images and symbolic sizes become Winograd."""
     small = _model(128, 128, 7)
     assert not any(n.domain == DOMAIN for n in _planned(small).graph.node)
     x = RNG.standard_normal((1, 128, 7, 7)).astype(np.float32)
@@ -109,6 +109,9 @@ def test_small_images_stay_and_unknown_sizes_go() -> None:
     dims[2].dim_param, dims[3].dim_param = "h", "w"
     assert [n.domain for n in _planned(symbolic).graph.node if n.op_type == "Conv"] == [DOMAIN]
     assert [n.domain for n in _planned(_model(128, 128, 9)).graph.node if n.op_type == "Conv"] == [DOMAIN]
+    batched = _model(128, 128, 7)  # 2 images of 16 tiles
+    batched.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 2
+    assert [n.domain for n in _planned(batched).graph.node if n.op_type == "Conv"] == [DOMAIN]
 
 
 def test_symbolic_image_sizes() -> None:

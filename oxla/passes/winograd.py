@@ -70,7 +70,8 @@ def _hwio(node: NodeProto, producers: dict[str, NodeProto],
 
 def _small_outputs(model: ModelProto) -> set[str]:
     """Names of values that shape inference finds to be channels-last images of at most
-    MAX_SMALL_TILES 2x2 tiles; none when inference fails (every layer is then eligible)."""
+    MAX_SMALL_TILES 2x2 tiles in all (over the batch when it is known, else for one image);
+    none when inference fails (every layer is then eligible)."""
     try:
         graph = inferred_types(model)
     except Exception:  # the pass only loses a hint, never the model
@@ -78,8 +79,10 @@ def _small_outputs(model: ModelProto) -> set[str]:
     small = set()
     for value in [*graph.value_info, *graph.output]:
         dims = value.type.tensor_type.shape.dim
-        if len(dims) == 4 and all(d.HasField("dim_value") for d in dims[1:3]) \
-                and math.ceil(dims[1].dim_value / 2) * math.ceil(dims[2].dim_value / 2) <= MAX_SMALL_TILES:
+        if len(dims) != 4 or not all(d.HasField("dim_value") for d in dims[1:3]):
+            continue
+        batch = dims[0].dim_value if dims[0].HasField("dim_value") else 1
+        if batch * math.ceil(dims[1].dim_value / 2) * math.ceil(dims[2].dim_value / 2) <= MAX_SMALL_TILES:
             small.add(value.name)
     return small
 
