@@ -160,15 +160,14 @@ def compiler_options(device: Any, op_types: Iterable[str]) -> dict[str, Any]:
         return {}
     options: dict[str, Any] = {"xla_cpu_prefer_vector_width": 512} if has_avx512() else {}
     counts = Counter(op_types)
-    ops = set(counts)
     if YNN_FUSIONS == "0":
         return {**options, "xla_cpu_experimental_ynn_fusion_type": ""}
-    if YNN_FUSIONS == "1" or any(op in KEEP_YNN or op.startswith(KEEP_YNN_PREFIXES) for op in ops):
+    if YNN_FUSIONS == "1" or any(op in KEEP_YNN or op.startswith(KEEP_YNN_PREFIXES) for op in counts):
         return options
     pooled = _cores() > 1 and not is_single_thread(device)
     convolutions = sum(counts[op] for op in CONVOLUTIONS)
     if convolutions and (not pooled or convolutions >= sum(counts[op] for op in PRODUCTS)):
-        kinds = CONV_AND_DOTS if WINOGRAD_CONV in ops and pooled else CONV_ONLY
+        kinds = CONV_AND_DOTS if WINOGRAD_CONV in counts and pooled else CONV_ONLY
         return {**options, "xla_cpu_experimental_ynn_fusion_type": kinds}
     if pooled:
         return options
