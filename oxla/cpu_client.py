@@ -123,7 +123,7 @@ def prefers_one_thread(nodes: int, cost: Callable[[], tuple[float, float]]) -> b
     """Whether a segment of `nodes` ONNX nodes for which XLA counts `cost()` (flops, bytes
     accessed) should run on the one-thread client: its kernels are too small to win back a wake
     of the pool's other thread. On one core it never should (and `cost` is not asked)."""
-    if _cores() <= 1 or nodes <= 0:
+    if cores() <= 1 or nodes <= 0:
         return False
     flops, accessed = cost()
     return flops / nodes < SMALL_KERNELS[0] and accessed / nodes < SMALL_KERNELS[1]
@@ -139,6 +139,7 @@ CONV_ONLY = "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"
 # 63.0 -> 74.6 and 64.8 -> 75.3 ms with them (both orders).
 CONV_AND_DOTS = CONV_ONLY + ",LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"
 WINOGRAD_CONV = "oxla.winograd::Conv"
+NATIVE_GEMM = "oxla.native::Gemm"
 CONVOLUTIONS = frozenset({"Conv", "ConvTranspose"})
 # A segment whose products outnumber its convolutions (a vision transformer: one patch-embedding
 # Conv, ~100 MatMuls) is compiled as a segment without convolutions: with every YNNPACK fusion on a
@@ -164,9 +165,11 @@ def compiler_options(device: Any, op_types: Iterable[str]) -> dict[str, Any]:
         return {**options, "xla_cpu_experimental_ynn_fusion_type": ""}
     if YNN_FUSIONS == "1" or any(op in KEEP_YNN or op.startswith(KEEP_YNN_PREFIXES) for op in counts):
         return options
-    pooled = _cores() > 1 and not is_single_thread(device)
-    convolutions = sum(counts[op] for op in CONVOLUTIONS)
-    if convolutions and (not pooled or convolutions >= sum(counts[op] for op in PRODUCTS)):
+    pooled = cores() > 1 and not is_single_thread(device)
+    # oxla.native::Gemm nodes are 1x1 convolutions (their op type also counts as a product)
+    native = counts[NATIVE_GEMM]
+    convolutions = sum(counts[op] for op in CONVOLUTIONS) + native
+    if convolutions and (not pooled or convolutions >= sum(counts[op] for op in PRODUCTS) - native):
         kinds = CONV_AND_DOTS if WINOGRAD_CONV in counts and pooled else CONV_ONLY
         return {**options, "xla_cpu_experimental_ynn_fusion_type": kinds}
     if pooled:
@@ -174,7 +177,7 @@ def compiler_options(device: Any, op_types: Iterable[str]) -> dict[str, Any]:
     return {**options, "xla_cpu_experimental_ynn_fusion_type": ""}
 
 
-def _cores() -> int:
+def cores() -> int:
     """How many cores this process may run on (XLA:CPU's intra-op pool spreads over them)."""
     try:
         return len(os.sched_getaffinity(0))

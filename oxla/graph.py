@@ -13,6 +13,7 @@ from onnx import (
     NodeProto,
     OperatorSetIdProto,
     SparseTensorProto,
+    ValueInfoProto,
     helper,
     numpy_helper,
     shape_inference,
@@ -157,6 +158,11 @@ def attribute_value(attr: AttributeProto) -> Any:
     raise LoweringError(f"attribute '{attr.name}' has unknown type {t}")
 
 
+# oxla ops whose output has their first input's shape, which inference through their function
+# bodies cannot see
+SHAPE_KEEPING = frozenset({("oxla.pad_ahead", "ZeroBorder")})
+
+
 def inferred_types(model: ModelProto) -> GraphProto:
     """ONNX shape inference over the main graph with its initializers' data left out (a model over
     2 GiB cannot be serialized for the inference, and types and shapes are all it gives): the
@@ -169,8 +175,32 @@ def inferred_types(model: ModelProto) -> GraphProto:
     declared = {i.name for i in model.graph.input}
     typed = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
              for t in model.graph.initializer if t.name not in declared]
-    light = helper.make_model(helper.make_graph(model.graph.node, "types", [*model.graph.input, *typed],
-                                                model.graph.output, value_info=model.graph.value_info),
-                              opset_imports=model.opset_import, functions=model.functions)
-    light.ir_version = model.ir_version
-    return shape_inference.infer_shapes(light).graph
+    known = list(model.graph.value_info)
+    keeping = [n for n in model.graph.node if (n.domain, n.op_type) in SHAPE_KEEPING]
+    while True:
+        light = helper.make_model(helper.make_graph(model.graph.node, "types",
+                                                    [*model.graph.input, *typed],
+                                                    model.graph.output, value_info=known),
+                                  opset_imports=model.opset_import, functions=model.functions)
+        light.ir_version = model.ir_version
+        graph = shape_inference.infer_shapes(light).graph
+        # an op whose body hides that Y has X's shape (ZeroBorder's pads come from an attribute):
+        # Y gets X's type, and the inference runs again, once per such op at most
+        types = {v.name: v for v in [*graph.input, *graph.value_info, *graph.output]}
+        fixed = [n for n in keeping if n.input[0] in types and not _full(types.get(n.output[0]))
+                 and _full(types[n.input[0]])]
+        if not fixed:
+            return graph
+        node = fixed[0]
+        keeping.remove(node)
+        info = ValueInfoProto()
+        info.CopyFrom(types[node.input[0]])
+        info.name = node.output[0]
+        known = [*(v for v in graph.value_info if v.name != info.name), info]
+
+
+def _full(value: ValueInfoProto | None) -> bool:
+    """Whether a value's type has a shape with every dim a number."""
+    if value is None or not value.type.tensor_type.HasField("shape"):
+        return False
+    return all(d.HasField("dim_value") for d in value.type.tensor_type.shape.dim)

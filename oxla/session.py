@@ -17,7 +17,7 @@ from onnx import ModelProto, TypeProto, ValueInfoProto
 
 from oxla import ort
 from oxla.compile import CompiledModel
-from oxla.cpu_client import single_thread_device
+from oxla.cpu_client import cores, single_thread_device
 from oxla.dtypes import to_numpy_dtype, type_name
 from oxla.errors import InputError, OxlaError
 from oxla.executor import DEFAULT_CACHE_SIZE
@@ -125,11 +125,16 @@ class InferenceSession:
         given = list(provider_options or [])
         self._provider_options = {p: dict(given[i]) if i < len(given) else {}
                                   for i, p in enumerate(self._providers)}
-        if device.platform == "cpu" and getattr(self._options, "intra_op_num_threads", 0) == 1:
+        threads = int(getattr(self._options, "intra_op_num_threads", 0) or 0)
+        if device.platform == "cpu" and threads == 1:
             device = single_thread_device() or device  # a CPU client whose pool has one thread
         self._device = None if device == jax.devices()[0] else device
         bake_weights, cache_size, memory_limit = self._build_options
-        options = Options(bake_weights=bake_weights, layout_weights=True, memory_limit=memory_limit)
+        # oxla's GEMM kernel gains from the pool's threads only: on one core XLA's dot is as fast
+        native = (threads if threads > 0 else cores()) if device.platform == "cpu" else 0
+        native = native if native > 1 else 0
+        options = Options(bake_weights=bake_weights, layout_weights=True, memory_limit=memory_limit,
+                          native_threads=native)
         with self._on_device():
             model = ModelProto()
             model.CopyFrom(self._model)

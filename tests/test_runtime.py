@@ -122,7 +122,7 @@ def test_small_kernels_move_to_the_one_thread_client(
     flops or bytes per node stays on the pooled client, as does every model on one core."""
     from oxla import cpu_client
 
-    monkeypatch.setattr(cpu_client, "_cores", lambda: cores)
+    monkeypatch.setattr(cpu_client, "cores", lambda: cores)
     model = oxla.compile(make(n))
     x = np.arange(n * n, dtype=np.float32).reshape(n, n) / (n * n)
     want = x @ np.ones((n, n), np.float32) if make is _matmul_model else np.concatenate([x, x])
@@ -143,7 +143,7 @@ def test_winograd_segments_get_ynnpack_dots(monkeypatch: pytest.MonkeyPatch, cor
     integer ones keep every kind."""
     from oxla import cpu_client
 
-    monkeypatch.setattr(cpu_client, "_cores", lambda: cores)
+    monkeypatch.setattr(cpu_client, "cores", lambda: cores)
     device = cpu_client.inline_device()
     kinds = "xla_cpu_experimental_ynn_fusion_type"
     if cpu_client.YNN_FUSIONS:
@@ -162,7 +162,7 @@ def test_segments_of_products_with_a_convolution_get_every_ynnpack_fusion(
     without convolutions on a pooled client; a CNN's classifier Gemm does not change its own."""
     from oxla import cpu_client
 
-    monkeypatch.setattr(cpu_client, "_cores", lambda: cores)
+    monkeypatch.setattr(cpu_client, "cores", lambda: cores)
     device = cpu_client.inline_device()
     kinds = "xla_cpu_experimental_ynn_fusion_type"
     if cpu_client.YNN_FUSIONS:

@@ -26,6 +26,7 @@ class Options:
     layout_weights: bool = False     # store conv kernels as HWIO (renames those parameters)
     memory_limit: int | None = None  # bytes one value may take (None: the machine's memory)
     channels_last: bool = True       # with layout_weights: 2-D conv nets run NHWC between convs
+    native_threads: int = 0          # with channels_last: 1x1 convs on oxla's GEMM, on this many cores
 
 
 class NeedStatic(Exception):

@@ -1,0 +1,119 @@
+"""oxla's native kernels: C++ reached from XLA through its FFI (custom calls).
+
+`available()` builds the library on first use with the host's C++ compiler (c++, g++ or $CXX)
+into a per-user cache, registers its targets with XLA, and says whether they can be used. It
+returns False, and oxla keeps XLA's own kernels, when:
+- OXLA_NATIVE=0 is set;
+- the CPU lacks AVX-512F (the kernels' only instruction set so far);
+- no compiler is found or the build fails (the reason is kept in `unavailable_reason()`).
+
+The build writes to a temporary file and renames it into place, so concurrent processes never
+load a half-written library; the file name carries a hash of the source, the flags and the
+jaxlib version, so an upgrade rebuilds.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from oxla.host import has_avx512
+
+SOURCE = Path(__file__).with_name("gemm.cc")
+FLAGS = ("-O3", "-std=c++20", "-mavx512f", "-mavx512vl", "-mfma", "-fPIC", "-shared",
+         "-pthread")
+NR = 32  # columns per packed panel; gemm.cc's NR
+GEMM_TARGET = "oxla_sgemm"
+
+_LOCK = threading.Lock()
+_STATE: dict[str, object] = {}
+
+
+def cache_dir() -> Path:
+    """Where built libraries live: $OXLA_NATIVE_CACHE, else $XDG_CACHE_HOME/oxla/native, else
+    ~/.cache/oxla/native."""
+    given = os.environ.get("OXLA_NATIVE_CACHE")
+    if given:
+        return Path(given)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "oxla" / "native"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CXX", ""), "c++", "g++", "clang++"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _build() -> Path:
+    """The built library's path, building it if this source/flags/jaxlib has none yet."""
+    cxx = _compiler()
+    if cxx is None:
+        raise OSError("no C++ compiler (c++, g++, clang++ or $CXX) on PATH")
+    include = jax.ffi.include_dir()
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join((cxx, *FLAGS, jax.__version__)).encode()).hexdigest()
+    target = cache_dir() / f"oxla_native_{key[:16]}.so"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([cxx, *FLAGS, "-I", include, str(SOURCE), "-o", tmp],
+                              capture_output=True, text=True, timeout=300, check=False)
+        if done.returncode != 0:
+            raise OSError(f"{cxx} failed: {done.stderr.strip()[-2000:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def _load() -> None:
+    if os.environ.get("OXLA_NATIVE", "1") == "0":
+        raise OSError("OXLA_NATIVE=0")
+    if not has_avx512():
+        raise OSError("the CPU has no AVX-512F")
+    lib = ctypes.CDLL(str(_build()))
+    jax.ffi.register_ffi_target(GEMM_TARGET, jax.ffi.pycapsule(lib.OxlaSgemm), platform="cpu")
+    _STATE["lib"] = lib
+
+
+def available() -> bool:
+    """Whether the native kernels are built, loaded and registered (building them if needed)."""
+    if "ok" not in _STATE:
+        with _LOCK:
+            if "ok" not in _STATE:
+                try:
+                    _load()
+                    _STATE["ok"] = True
+                except (OSError, subprocess.SubprocessError, AttributeError) as e:
+                    _STATE["why"] = str(e)
+                    _STATE["ok"] = False
+    return bool(_STATE["ok"])
+
+
+def unavailable_reason() -> str | None:
+    """Why `available()` said no (None when it said yes or was not asked yet)."""
+    return None if _STATE.get("ok", True) else str(_STATE.get("why"))
+
+
+def pack(w: np.ndarray) -> np.ndarray:
+    """W (K, N) float32 as the kernel reads it: (ceil(N / 32), K, 32), zero padded."""
+    k, n = w.shape
+    panels = -(-n // NR)
+    padded = np.zeros((k, panels * NR), np.float32)
+    padded[:, :n] = w
+    return np.ascontiguousarray(padded.reshape(k, panels, NR).transpose(1, 0, 2))

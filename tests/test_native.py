@@ -1,0 +1,220 @@
+"""oxla's native GEMM kernel (oxla/native), its pass (NativeGemmPass) and its rule."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+
+import oxla
+from oxla import cpu_client, native
+from oxla.lowering.context import Options
+from oxla.lowering.ops import native as native_rule
+from oxla.lowering.ops.elementwise import sigmoid
+from oxla.passes import native_gemm
+
+RNG = np.random.default_rng(0)
+needs_kernel = pytest.mark.skipif(not native.available(),
+                                  reason=f"no native kernel here: {native.unavailable_reason()}")
+
+
+def _reference(x, w, b, r, act, lo=0.0, hi=0.0):
+    y = x.astype(np.float64) @ w.astype(np.float64) + b
+    if r is not None:
+        y = y + r
+    y = y.astype(np.float32)
+    if act == "Relu":
+        return np.maximum(y, 0)
+    if act == "Clip":
+        return np.clip(y, lo, hi)
+    if act == "Silu":
+        return y * np.asarray(sigmoid(jnp.asarray(y)))
+    if act == "HardSwish":
+        return y * np.clip(y / 6 + 0.5, 0, 1)
+    return y
+
+
+def _call(x, w, b, r, act, threads, device, lo=0.0, hi=0.0):
+    out = jax.ShapeDtypeStruct((*x.shape[:-1], w.shape[1]), jnp.float32)
+    residual = np.zeros((0,), np.float32) if r is None else r
+
+    def f(x, wp, b, r):
+        return jax.ffi.ffi_call(native.GEMM_TARGET, out)(
+            x, wp, b, r, threads=np.int64(threads), act=np.int64(native_rule.ACTIVATIONS[act]),
+            lo=np.float32(lo), hi=np.float32(hi))
+
+    args = [jax.device_put(a, device) for a in (x, native.pack(w), b, residual)]
+    return np.asarray(jax.jit(f)(*args))
+
+
+@needs_kernel
+@pytest.mark.parametrize("shape", [
+    (1, 1, 1), (5, 3, 7), (13, 8, 16), (12, 33, 17), (25, 64, 31), (49, 96, 32), (50, 40, 33),
+    (3, 2, 100), (100, 24, 144),
+    (7, 600, 500),      # W over 1 MB: each thread packs its rows of X first
+    (2, 0, 8),          # K = 0: the bias alone
+])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_kernel_matches_float64(shape: tuple[int, int, int], threads: int) -> None:
+    m, k, n = shape
+    x = RNG.standard_normal((m, k)).astype(np.float32)
+    w = RNG.standard_normal((k, n)).astype(np.float32)
+    b = RNG.standard_normal(n).astype(np.float32)
+    got = _call(x, w, b, None, "", threads, cpu_client.inline_device())
+    want = _reference(x, w, b, None, "")
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * max(1, k) ** 0.5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("act", ["", "Relu", "Clip", "Silu", "HardSwish"])
+@pytest.mark.parametrize("residual", [False, True])
+def test_epilogues(act: str, residual: bool) -> None:
+    x = RNG.standard_normal((2, 9, 7, 48)).astype(np.float32)   # rows over several tiles
+    w = (RNG.standard_normal((48, 40)) / 5).astype(np.float32)  # a masked second panel
+    b = RNG.standard_normal(40).astype(np.float32)
+    r = RNG.standard_normal((2, 9, 7, 40)).astype(np.float32) if residual else None
+    for threads in (1, 2):
+        got = _call(x, w, b, r, act, threads, cpu_client.inline_device(), lo=-0.5, hi=1.5)
+        want = _reference(x, w, b, r, act, lo=-0.5, hi=1.5)
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+@needs_kernel
+def test_one_thread_client_runs_alone() -> None:
+    """Asked for two threads on a client whose pool has one, the kernel still answers."""
+    device = cpu_client.single_thread_device() or cpu_client.inline_device()
+    x = RNG.standard_normal((300, 64)).astype(np.float32)
+    w = RNG.standard_normal((64, 96)).astype(np.float32)
+    b = np.zeros(96, np.float32)
+    np.testing.assert_allclose(_call(x, w, b, None, "Relu", 2, device),
+                               _reference(x, w, b, None, "Relu"), rtol=1e-5, atol=1e-4)
+
+
+def _net(size: int = 28, *, se: bool = True) -> onnx.ModelProto:
+    """1x1 convolutions followed by each epilogue the pass folds, and a squeeze-excitation branch
+    that must stay XLA's."""
+    c = 64
+
+    def conv(name: str, x: str, cin: int, cout: int, bias: bool = True) -> list[onnx.NodeProto]:
+        inits.append(numpy_helper.from_array(
+            (RNG.standard_normal((cout, cin, 1, 1)) / np.sqrt(cin)).astype(np.float32), f"{name}_w"))
+        inputs = [x, f"{name}_w"]
+        if bias:
+            inits.append(numpy_helper.from_array(RNG.standard_normal(cout).astype(np.float32), f"{name}_b"))
+            inputs.append(f"{name}_b")
+        return [helper.make_node("Conv", inputs, [name], kernel_shape=[1, 1])]
+
+    inits: list[onnx.TensorProto] = [numpy_helper.from_array(np.float32(-1.0), "lo"),
+                                     numpy_helper.from_array(np.float32(2.0), "hi")]
+    nodes = [*conv("a", "x", 32, c), helper.make_node("Relu", ["a"], ["a_r"]),
+             *conv("b", "a_r", c, c, bias=False), helper.make_node("Add", ["a_r", "b"], ["b_add"]),
+             helper.make_node("Relu", ["b_add"], ["b_r"]),
+             *conv("s", "b_r", c, 2 * c), helper.make_node("Sigmoid", ["s"], ["s_sig"]),
+             helper.make_node("Mul", ["s", "s_sig"], ["s_silu"]),
+             *conv("h", "s_silu", 2 * c, c), helper.make_node("HardSwish", ["h"], ["h_hs"]),
+             *conv("k", "h_hs", c, c), helper.make_node("Clip", ["k", "lo", "hi"], ["y0"])]
+    if se:
+        nodes += [helper.make_node("GlobalAveragePool", ["y0"], ["p"]), *conv("e", "p", c, c),
+                  helper.make_node("Sigmoid", ["e"], ["e_s"]), helper.make_node("Mul", ["y0", "e_s"], ["y"])]
+    else:
+        nodes.append(helper.make_node("Identity", ["y0"], ["y"]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, (1, 32, size, size))],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, (1, c, size, size))], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def _planned(model: onnx.ModelProto, threads: int = 2) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    return oxla.CompiledModel(copy, Options(layout_weights=True, native_threads=threads)).model
+
+
+@needs_kernel
+def test_pass_folds_epilogues_and_agrees_with_onnxruntime(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native_gemm, "MIN_FLOPS", 0.0)
+    model = _net()
+    planned = _planned(model)
+    kinds = [n.op_type for n in planned.graph.node if n.domain == native_rule.DOMAIN]
+    assert kinds == ["GemmRelu", "GemmAddRelu", "GemmSilu", "GemmHardSwish", "GemmClip"]
+    assert not any(n.op_type in ("Relu", "HardSwish", "Clip") for n in planned.graph.node)
+    # the squeeze-excitation 1x1 convolution (one row per image) stays a convolution
+    assert [n.op_type for n in planned.graph.node if n.op_type == "Conv"] == ["Conv"]
+    onnx.checker.check_model(planned)
+    x = RNG.standard_normal((1, 32, 28, 28)).astype(np.float32)
+    data = model.SerializeToString()
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = oxla.InferenceSession(data).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    # the planned model (its native ops function bodies over standard ops) runs in onnxruntime
+    again = ort.InferenceSession(planned.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(again.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
+
+
+@needs_kernel
+def test_small_products_and_one_core_stay_xla() -> None:
+    # 2 * 784 * 32 * 64 flops: under MIN_FLOPS
+    assert not [n for n in _planned(_net(28)).graph.node if n.domain == native_rule.DOMAIN]
+    assert [n for n in _planned(_net(112)).graph.node if n.domain == native_rule.DOMAIN]
+    assert not [n for n in _planned(_net(112), threads=0).graph.node if n.domain == native_rule.DOMAIN]
+    session = oxla.InferenceSession(_net(112).SerializeToString(),
+                                    ort.SessionOptions() if cpu_client.cores() > 1 else None)
+    one = ort.SessionOptions()
+    one.intra_op_num_threads = 1
+    single = oxla.InferenceSession(_net(112).SerializeToString(), one)
+    assert not [n for n in single.compiled.plan.nodes if n.domain == native_rule.DOMAIN]
+    if cpu_client.cores() > 1:
+        assert [n for n in session.compiled.plan.nodes if n.domain == native_rule.DOMAIN]
+
+
+@needs_kernel
+def test_residual_of_another_shape_is_broadcast(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An Add whose other operand broadcasts is folded too; the rule adds it with XLA."""
+    monkeypatch.setattr(native_gemm, "MIN_FLOPS", 0.0)
+    w = numpy_helper.from_array(RNG.standard_normal((16, 8, 1, 1)).astype(np.float32), "w")
+    r = numpy_helper.from_array(RNG.standard_normal((1, 16, 1, 5)).astype(np.float32), "r")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[1, 1]),
+         helper.make_node("Add", ["c", "r"], ["s"]), helper.make_node("Relu", ["s"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, (1, 8, 4, 5))],
+        [helper.make_empty_tensor_value_info("y")], [w, r])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    assert [n.op_type for n in _planned(model).graph.node if n.domain == native_rule.DOMAIN] == ["GemmAddRelu"]
+    x = RNG.standard_normal((1, 8, 4, 5)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(oxla.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0],
+                               want, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_rule_without_the_kernel_computes_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A planned model whose native ops meet a process without the kernel runs on XLA."""
+    monkeypatch.setattr(native_gemm, "MIN_FLOPS", 0.0)
+    model = _net(20, se=False)
+    planned = _planned(model)
+    x = RNG.standard_normal((1, 32, 20, 20)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    monkeypatch.setattr(native, "available", lambda: False)
+    got = oxla.CompiledModel(planned)({"x": x})
+    np.testing.assert_allclose(np.asarray(got["y"]), want, rtol=1e-4, atol=1e-4)
+
+
+def test_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OXLA_NATIVE", "0")
+    monkeypatch.setattr(native, "_STATE", {})
+    assert not native.available()
+    assert native.unavailable_reason() == "OXLA_NATIVE=0"
+    monkeypatch.setattr(native_gemm, "MIN_FLOPS", 0.0)
+    assert native_gemm.convs_to_native(_net()) == 0
+
+
+def test_pack_layout() -> None:
+    w = np.arange(3 * 35, dtype=np.float32).reshape(3, 35)
+    p = native.pack(w)
+    assert p.shape == (2, 3, 32)
+    np.testing.assert_array_equal(p[0], w[:, :32])
+    np.testing.assert_array_equal(p[1, :, :3], w[:, 32:])
+    assert not p[1, :, 3:].any()
