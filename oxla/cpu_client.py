@@ -21,10 +21,11 @@ from __future__ import annotations
 import os
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
+from onnx import NodeProto
 
 from oxla.host import has_avx512
 
@@ -119,11 +120,15 @@ def _make(threads: int | None = None) -> Any:
 SMALL_KERNELS = (1.5e6, 4e6)  # XLA flops and bytes accessed per ONNX node of a segment
 
 
-def prefers_one_thread(nodes: int, cost: Callable[[], tuple[float, float]]) -> bool:
+def prefers_one_thread(nodes: int, cost: Callable[[], tuple[float, float]],
+                       planned: Sequence[NodeProto] = ()) -> bool:
     """Whether a segment of `nodes` ONNX nodes for which XLA counts `cost()` (flops, bytes
     accessed) should run on the one-thread client: its kernels are too small to win back a wake
-    of the pool's other thread. On one core it never should (and `cost` is not asked)."""
-    if cores() <= 1 or nodes <= 0:
+    of the pool's other thread. On one core it never should (and `cost` is not asked), nor when
+    the segment (`planned`, its nodes) runs oxla's GEMM kernel: NativeGemmPass gives it only
+    products of 2e7 flops or more, which XLA's cost analysis does not count (BERT-base ran
+    159 ms on the one-thread client against 92 ms before)."""
+    if cores() <= 1 or nodes <= 0 or any(n.domain == NATIVE_DOMAIN for n in planned):
         return False
     flops, accessed = cost()
     return flops / nodes < SMALL_KERNELS[0] and accessed / nodes < SMALL_KERNELS[1]
@@ -139,7 +144,8 @@ CONV_ONLY = "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"
 # 63.0 -> 74.6 and 64.8 -> 75.3 ms with them (both orders).
 CONV_AND_DOTS = CONV_ONLY + ",LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"
 WINOGRAD_CONV = "oxla.winograd::Conv"
-NATIVE_GEMM = "oxla.native::Gemm"
+NATIVE_DOMAIN = "oxla.native"
+NATIVE_GEMM = f"{NATIVE_DOMAIN}::Gemm"
 CONVOLUTIONS = frozenset({"Conv", "ConvTranspose"})
 # A segment whose products outnumber its convolutions (a vision transformer: one patch-embedding
 # Conv, ~100 MatMuls) is compiled as a segment without convolutions: with every YNNPACK fusion on a
@@ -166,10 +172,10 @@ def compiler_options(device: Any, op_types: Iterable[str]) -> dict[str, Any]:
     if YNN_FUSIONS == "1" or any(op in KEEP_YNN or op.startswith(KEEP_YNN_PREFIXES) for op in counts):
         return options
     pooled = cores() > 1 and not is_single_thread(device)
-    # oxla.native::Gemm nodes are 1x1 convolutions (their op type also counts as a product)
-    native = counts[NATIVE_GEMM]
-    convolutions = sum(counts[op] for op in CONVOLUTIONS) + native
-    if convolutions and (not pooled or convolutions >= sum(counts[op] for op in PRODUCTS) - native):
+    # oxla.native::Gemm* nodes are not XLA's products (the plain one's op type is "Gemm")
+    convolutions = sum(counts[op] for op in CONVOLUTIONS)
+    products = sum(counts[op] for op in PRODUCTS) - counts[NATIVE_GEMM]
+    if convolutions and (not pooled or convolutions >= products):
         kinds = CONV_AND_DOTS if WINOGRAD_CONV in counts and pooled else CONV_ONLY
         return {**options, "xla_cpu_experimental_ynn_fusion_type": kinds}
     if pooled:

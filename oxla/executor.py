@@ -319,7 +319,7 @@ class Executor:
         call = None
         if record["outputs"] or record["checks"]:  # no traced outputs, no checks: no XLA
             nodes = plan.nodes[pos:len(plan.nodes) if record["stop"] is None else record["stop"]]
-            if decide and prefers_one_thread(len(nodes), lambda: _cost(lowered)):
+            if decide and prefers_one_thread(len(nodes), lambda: _cost(lowered), nodes):
                 single = single_thread_device()
                 if single is not None:
                     self._move(single)

@@ -28,10 +28,10 @@ import numpy as np
 
 from oxla.host import has_avx512
 
-SOURCE = Path(__file__).with_name("gemm.cc")
+SOURCE = Path(__file__).with_name("kernels.cc")
 FLAGS = ("-O3", "-std=c++20", "-mavx512f", "-mavx512vl", "-mfma", "-fPIC", "-shared",
          "-pthread")
-NR = 32  # columns per packed panel; gemm.cc's NR
+NR = 32  # columns per packed panel; kernels.cc's NR
 GEMM_TARGET = "oxla_sgemm"
 
 _LOCK = threading.Lock()

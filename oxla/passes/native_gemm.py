@@ -1,19 +1,26 @@
 """NativeGemmPass: channels-last 1x1 convolutions run on oxla's own GEMM kernel.
 
 After ChannelsLastPass, an `oxla.channels_last::Conv` with a constant float32 1x1 kernel, stride
-1, dilation 1, group 1 and no padding is a product of X (N, H, W, C) with W (C, M). It becomes an
-`oxla.native::Gemm*` node (the rule: oxla/lowering/ops/native.py) reading W packed once here into
-the kernel's panels of 32 columns and a bias (zeros where the model had none). What reads the
-product alone is folded into the kernel's epilogue, applied while a tile is in registers:
+1, dilation 1, group 1 and no padding is a product of X (N, H, W, C) with W (C, M). Unless it is
+on a squeeze-excitation branch or known (from shape inference) to be under MIN_FLOPS, it becomes
+an `oxla.native::Gemm*` node (the rule: oxla/lowering/ops/native.py) reading W packed once here
+into the kernel's panels of 32 columns and a bias (zeros where the model had none). What reads
+the product alone is folded into the kernel's epilogue, applied to each tile while it is in L1:
 - a residual Add (of a tensor of the product's shape in the kernel; another shape, which the
   rule sees at trace time, is broadcast and added by XLA), then
 - an activation: Relu, Clip with constant bounds, SiLU (Sigmoid(Y) * Y) or HardSwish.
 The op type names what was folded: Gemm, GemmRelu, GemmAdd, GemmAddRelu, GemmSilu, ...
 
+Why (docs/benchmarks.md, ninth round): the kernel splits each product into parts that the
+caller and the intra-op pool's threads claim, where XLA:CPU's dots gain little from the second
+core, and the epilogue saves a pass over the output. Products by constant matrices in
+transformers (MatMul, Gemm) were measured too and are left to XLA: BERT-base equal, ViT-S/16
+slower (XLA's YNNPACK dots fuse what surrounds them).
+
 The pass runs only when the plan asks for it (`Options.native_threads`, set by InferenceSession
-for CPU sessions) and the kernel builds and loads here (`oxla.native.available()`). The planned
-model stays a valid ONNX model: each op type has a model-local function body (unpack W, MatMul,
-Add, the residual, the activation).
+for CPU sessions that may use several cores) and the kernel builds and loads here
+(`oxla.native.available()`). The planned model stays a valid ONNX model: each op type has a
+model-local function body (unpack W, MatMul, Add, the residual, the activation).
 """
 
 from __future__ import annotations
@@ -202,8 +209,23 @@ def _fold(g: _Graph, y: str) -> _Fold:
     return fold
 
 
+def _product(node: NodeProto, producers: dict[str, NodeProto], inits: dict[str, TensorProto]
+             ) -> tuple[np.ndarray, list[str], np.ndarray | None] | None:
+    """(W as (K, N), the names it came from, the bias or None) of a channels-last 1x1 Conv the
+    kernel can run, or None."""
+    if not (node.op_type == "Conv" and node.domain == LAST and len(node.input) >= 2
+            and _pointwise(node)):
+        return None
+    found = _kernel(node, producers, inits)
+    bias = node.input[2] if len(node.input) > 2 else ""
+    if found is None or (bias and bias not in inits):
+        return None
+    b = tensor_value(bias, lambda: numpy_helper.to_array(inits[bias])) if bias else None
+    return found[0], found[1], b
+
+
 def convs_to_native(model: ModelProto) -> int:
-    """Rewrite the eligible channels-last 1x1 Convs of the main graph; returns how many."""
+    """Rewrite the eligible 1x1 convolutions of the main graph; returns how many."""
     opsets = model_opsets(model.opset_import)
     if opsets.get("", 1) < MIN_OPSET or not native.available():
         return 0
@@ -213,39 +235,35 @@ def convs_to_native(model: ModelProto) -> int:
     producers = {o: n for n in graph.node for o in n.output}
     candidates = []
     for node in graph.node:
-        if node.op_type == "Conv" and node.domain == LAST and len(node.input) >= 2 \
-                and _pointwise(node):
-            found = _kernel(node, producers, inits)
-            if found is not None:
-                candidates.append((node, *found))
+        if (found := _product(node, producers, inits)) is not None:
+            kernel, names, b = found
+            if kernel.dtype == np.float32 and (b is None or b.dtype == np.float32):
+                candidates.append((node, kernel, names, b))
     if not candidates:
         return 0
     rows = _known_rows(model)
     pooled = _pooled_values(graph.node)
-    candidates = [(node, kernel, names) for node, kernel, names in candidates
-                  if node.input[0] not in pooled
-                  and 2 * rows.get(node.input[0], 1) * kernel.size >= MIN_FLOPS]
+    candidates = [c for c in candidates if c[0].input[0] not in pooled
+                  and 2 * rows.get(c[0].input[0], 1) * c[1].size >= MIN_FLOPS]
     if not candidates:
         return 0
     g = _Graph(model, inits)
     removed: set[int] = set()
     moved: dict[int, NodeProto] = {}
+    packed: dict[str, str] = {}  # a weight read by several products is packed once
     count = 0
-    for node, kernel, names in candidates:
-        bias = node.input[2] if len(node.input) > 2 and node.input[2] else ""
-        if kernel.dtype != np.float32 or (bias and bias not in inits):
+    for node, kernel, names, b in candidates:
+        n = kernel.shape[1]
+        if b is not None and b.shape != (n,):
             continue
-        b = (tensor_value(bias, lambda t=inits[bias]: numpy_helper.to_array(t)) if bias
-             else np.zeros(kernel.shape[1], np.float32))
-        if b.dtype != np.float32 or b.shape != (kernel.shape[1],):
-            continue
+        bias = np.zeros(n, np.float32) if b is None else b
         fold = _fold(g, node.output[0])
-        packed = names[-1] + SUFFIX
-        graph.initializer.append(numpy_helper.from_array(native.pack(kernel), packed))
-        if not bias:
-            bias = names[-1] + BIAS_SUFFIX
-            graph.initializer.append(numpy_helper.from_array(b, bias))
-        inputs = [node.input[0], packed, bias]
+        if names[-1] not in packed:
+            packed[names[-1]] = names[-1] + SUFFIX
+            graph.initializer.append(numpy_helper.from_array(native.pack(kernel), packed[names[-1]]))
+        bias_name = f"{node.output[0]}{BIAS_SUFFIX}"
+        graph.initializer.append(numpy_helper.from_array(bias.astype(np.float32), bias_name))
+        inputs = [node.input[0], packed[names[-1]], bias_name]
         if fold.residual:
             inputs.append(fold.residual)
         if fold.bounds:
@@ -284,7 +302,7 @@ def convs_to_native(model: ModelProto) -> int:
 
 
 def _drop_unread(model: ModelProto) -> None:
-    """Remove the kernels' old Transposes and initializers that nothing reads any more."""
+    """Remove the kernels' old Transposes and the initializers that nothing reads any more."""
     graph = model.graph
     while True:
         read = {name for n in graph.node for name in node_reads(n)} | {o.name for o in graph.output}

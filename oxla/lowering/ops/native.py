@@ -1,4 +1,6 @@
-"""oxla.native::Gemm*: Y = act(X @ W + B (+ R)) through oxla's own GEMM kernel (oxla/native/gemm.cc).
+"""oxla.native::Gemm*: Y = act(X @ W + B (+ R)) through oxla's own GEMM kernel.
+
+The kernel: oxla/native/kernels.cc.
 
 NativeGemmPass (oxla/passes/native_gemm.py) makes these nodes, with W packed into panels of 32
 columns, (ceil(N / 32), K, 32), and B always present (zeros where the model had none): N is B's
@@ -22,7 +24,7 @@ from oxla.lowering.ops.elementwise import sigmoid
 from oxla.lowering.registry import rule
 
 DOMAIN = "oxla.native"
-# activation name -> the kernel's code (gemm.cc, enum Act)
+# activation name -> the kernel's code (kernels.cc, enum Act)
 ACTIVATIONS = {"": 0, "Relu": 1, "Clip": 2, "Silu": 3, "HardSwish": 4}
 
 
@@ -83,3 +85,4 @@ def _register(residual: bool, activation: str) -> None:
 for _residual in (False, True):
     for _activation in ACTIVATIONS:
         _register(_residual, _activation)
+

@@ -272,15 +272,18 @@ void run_part(const Job& j, int part, int parts) {
     run_range(j, 0, j.blocks, panels * part / parts, panels * (part + 1) / parts);
 }
 
-// The product is cut into `chunks` parts that the caller and the intra-op pool's threads claim
-// one at a time through `ticket` (generation << 32 | next part). A pool thread that starts late
-// finds nothing left, and the caller, which never waits for a part nobody claimed, has done the
-// work itself. The team outlives every product, so a late pool task only reads its ticket.
+// A kernel's work is cut into `chunks` parts that the caller and the intra-op pool's threads
+// claim one at a time through `ticket` (generation << 32 | next part). A pool thread that starts
+// late finds nothing left, and the caller, which never waits for a part nobody claimed, has done
+// the work itself. The team outlives every call, so a late pool task only reads its ticket.
+using PartFn = void (*)(const void* ctx, int part, int parts);
+
 struct Team {
-  std::mutex busy;  // one parallel product at a time; a concurrent one runs on its caller alone
+  std::mutex busy;  // one parallel call at a time; a concurrent one runs on its caller alone
   std::atomic<uint64_t> ticket{0};
-  std::atomic<int64_t> finished{0};  // parts done in the current product
-  Job job{};
+  std::atomic<int64_t> finished{0};  // parts done in the current call
+  PartFn fn = nullptr;
+  const void* ctx = nullptr;
   int chunks = 1;
   uint64_t gen = 0;
 
@@ -290,7 +293,7 @@ struct Team {
       uint64_t t = ticket.load(std::memory_order_acquire);
       if ((t >> 32) != g || (int64_t)(t & 0xFFFFFFFFu) >= chunks) return;
       if (!ticket.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel)) continue;
-      run_part(job, (int)(t & 0xFFFFFFFFu), chunks);
+      fn(ctx, (int)(t & 0xFFFFFFFFu), chunks);
       finished.fetch_add(1, std::memory_order_release);
     }
   }
@@ -305,15 +308,16 @@ Team* team() {
 // thread ran 41% of the parts with 2, 4 or 8 per thread).
 constexpr int CHUNKS_PER_THREAD = 2;
 
-void gemm(const Job& j, int threads, ffi::ThreadPool& pool) {
-  double flops = 2.0 * (double)j.M * (double)j.K * (double)j.N;
-  if (threads > 1 && flops >= 4e5) {  // below, ~3 us of work: not worth a handoff
+// fn(ctx, part, parts) over every part, on `threads` threads when the work is worth a handoff.
+void parallel(PartFn fn, const void* ctx, int threads, bool worth, ffi::ThreadPool& pool) {
+  if (threads > 1 && worth) {
     Team* t = team();
     std::unique_lock<std::mutex> lock(t->busy, std::try_to_lock);
     if (lock.owns_lock()) {
       uint64_t g = (t->gen + 1) & 0xFFFFFFFFu;
       t->gen = g;
-      t->job = j;
+      t->fn = fn;
+      t->ctx = ctx;
       t->chunks = CHUNKS_PER_THREAD * threads;
       t->finished.store(0, std::memory_order_relaxed);
       t->ticket.store(g << 32, std::memory_order_release);
@@ -323,7 +327,20 @@ void gemm(const Job& j, int threads, ffi::ThreadPool& pool) {
       return;
     }
   }
-  run_part(j, 0, 1);
+  fn(ctx, 0, 1);
+}
+
+void gemm_part(const void* ctx, int part, int parts) {
+  run_part(*static_cast<const Job*>(ctx), part, parts);
+}
+
+// The threads a call may use: its attribute, capped by the client's pool and the machine.
+int usable(int64_t threads, ffi::ThreadPool& pool) {
+  int64_t pooled = pool.num_threads();
+  if (pooled > 0 && threads > pooled) threads = pooled;
+  unsigned cores = std::thread::hardware_concurrency();
+  if (cores > 0 && threads > (int64_t)cores) threads = cores;
+  return threads < 1 ? 1 : (int)threads;
 }
 
 ffi::Error Sgemm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
@@ -361,11 +378,8 @@ ffi::Error Sgemm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi:
   j.lo = lo;
   j.hi = hi;
   j.direct = K * N * 4 <= DIRECT_W_BYTES;
-  int64_t pooled = pool.num_threads();
-  if (pooled > 0 && threads > pooled) threads = pooled;
-  unsigned cores = std::thread::hardware_concurrency();
-  if (cores > 0 && threads > (int64_t)cores) threads = cores;
-  gemm(j, threads < 1 ? 1 : (int)threads, pool);
+  double flops = 2.0 * (double)M * (double)K * (double)N;
+  parallel(gemm_part, &j, usable(threads, pool), flops >= 4e5, pool);  // below, ~3 us of work
   return ffi::Error::Success();
 }
 
@@ -383,4 +397,3 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(OxlaSgemm, Sgemm,
                                   .Attr<int64_t>("act")
                                   .Attr<float>("lo")
                                   .Attr<float>("hi"));
-
