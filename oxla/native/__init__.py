@@ -106,8 +106,9 @@ def available() -> bool:
 
 
 def unavailable_reason() -> str | None:
-    """Why `available()` said no (None when it said yes or was not asked yet)."""
-    return None if _STATE.get("ok", True) else str(_STATE.get("why"))
+    """Why the native kernels cannot be used here (asking `available()` first); None when they
+    can."""
+    return None if available() else str(_STATE.get("why"))
 
 
 def pack(w: np.ndarray) -> np.ndarray:

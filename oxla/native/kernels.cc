@@ -3,14 +3,15 @@
 // Y[..., N] = act(X[..., K] * W[K, N] + bias[N] (+ R[..., N])), W packed once at plan time into
 // panels of 32 columns, (ceil(N / 32), K, 32), zero padded (`pack` in oxla/native/__init__.py);
 // act is none, Relu, Clip(lo, hi), x * sigmoid(x) (SiLU, with the MLAS polynomial that oxla's
-// Sigmoid uses) or HardSwish, applied to each tile while it is still in registers.
+// Sigmoid uses) or HardSwish, applied to each stored tile while it is in L1.
 //
-// Why oxla owns this kernel (docs/benchmarks.md, ninth round): on one core it runs 1.0-1.25x
-// faster than XLA:CPU's dot on the 1x1 convolutions of the suite's CNNs, within 0-25% of
-// onnxruntime's MLAS (AVX-512, 12 rows x 32 columns per micro-tile, 24 accumulators); on the
-// intra-op pool it cuts the product into parts that the calling thread and the pool's threads
-// claim one at a time, so that a pool thread that wakes late costs only its share; and the
-// fused epilogue saves the pass over the output that the activation or residual Add took.
+// Why oxla owns this kernel (docs/benchmarks.md, ninth round): XLA:CPU's dots gain 0.9-1.9x
+// from the second core, onnxruntime's MLAS 2x. This kernel cuts a product into parts that the
+// calling thread and the intra-op pool's threads claim one at a time, so that a pool thread
+// that wakes late (25-70 us on these VMs) costs only its share; the fused epilogue saves the
+// pass over the output that the activation or residual Add took. On one core it is within
+// 0-12% of MLAS on the suite's 1x1 shapes (AVX-512, 12 rows x 32 columns per micro-tile, 24
+// accumulators) but no faster than XLA's dot inside a model, so oxla uses it on several cores.
 //
 // Needs AVX-512F; built on first use by oxla/native/__init__.py with the host's C++ compiler.
 
