@@ -21,11 +21,10 @@ from __future__ import annotations
 import os
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
-from onnx import NodeProto
 
 from oxla.host import has_avx512
 
@@ -120,15 +119,14 @@ def _make(threads: int | None = None) -> Any:
 SMALL_KERNELS = (1.5e6, 4e6)  # XLA flops and bytes accessed per ONNX node of a segment
 
 
-def prefers_one_thread(nodes: int, cost: Callable[[], tuple[float, float]],
-                       planned: Sequence[NodeProto] = ()) -> bool:
+def prefers_one_thread(nodes: int, cost: Callable[[], tuple[float, float]]) -> bool:
     """Whether a segment of `nodes` ONNX nodes for which XLA counts `cost()` (flops, bytes
-    accessed) should run on the one-thread client: its kernels are too small to win back a wake
-    of the pool's other thread. On one core it never should (and `cost` is not asked), nor when
-    the segment (`planned`, its nodes) runs oxla's GEMM kernel: NativeGemmPass gives it only
-    products of 2e7 flops or more, which XLA's cost analysis does not count (BERT-base ran
-    159 ms on the one-thread client against 92 ms before)."""
-    if cores() <= 1 or nodes <= 0 or any(n.domain == NATIVE_DOMAIN for n in planned):
+    accessed; the executor adds the flops of oxla's GEMM custom calls, which XLA does not count:
+    BERT-base with its MatMuls on the kernel, as tried, moved to the one-thread client without
+    them, 159 against 92 ms) should run on the one-thread client: its kernels are too small to
+    win back a wake of the pool's other thread. On one core it never should (and `cost` is not
+    asked)."""
+    if cores() <= 1 or nodes <= 0:
         return False
     flops, accessed = cost()
     return flops / nodes < SMALL_KERNELS[0] and accessed / nodes < SMALL_KERNELS[1]
@@ -144,8 +142,7 @@ CONV_ONLY = "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"
 # 63.0 -> 74.6 and 64.8 -> 75.3 ms with them (both orders).
 CONV_AND_DOTS = CONV_ONLY + ",LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"
 WINOGRAD_CONV = "oxla.winograd::Conv"
-NATIVE_DOMAIN = "oxla.native"
-NATIVE_GEMM = f"{NATIVE_DOMAIN}::Gemm"
+NATIVE_GEMM = "oxla.native::Gemm"
 CONVOLUTIONS = frozenset({"Conv", "ConvTranspose"})
 # A segment whose products outnumber its convolutions (a vision transformer: one patch-embedding
 # Conv, ~100 MatMuls) is compiled as a segment without convolutions: with every YNNPACK fusion on a

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -319,7 +320,7 @@ class Executor:
         call = None
         if record["outputs"] or record["checks"]:  # no traced outputs, no checks: no XLA
             nodes = plan.nodes[pos:len(plan.nodes) if record["stop"] is None else record["stop"]]
-            if decide and prefers_one_thread(len(nodes), lambda: _cost(lowered), nodes):
+            if decide and prefers_one_thread(len(nodes), lambda: _cost(lowered)):
                 single = single_thread_device()
                 if single is not None:
                     self._move(single)
@@ -439,7 +440,28 @@ def _cost(lowered: Any) -> tuple[float, float]:
     cost = cost[0] if isinstance(cost, list) and cost else cost
     if not isinstance(cost, dict):
         return math.inf, math.inf
-    return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+    return (float(cost.get("flops", 0.0)) + _native_flops(lowered),
+            float(cost.get("bytes accessed", 0.0)))
+
+
+_NATIVE_CALL = re.compile(r"custom_call @oxla_sgemm\(.*? : \(tensor<([0-9x]*)xf32>.*?"
+                          r"-> tensor<([0-9x]*)xf32>")
+
+
+def _native_flops(lowered: Any) -> float:
+    """The flops of oxla's GEMM custom calls in a lowered computation (2 M K N each, read from
+    their operand and result types), which XLA's cost analysis does not count."""
+    try:
+        text = lowered.as_text()
+    except Exception:  # no text: count nothing
+        return 0.0
+    total = 0.0
+    for x, y in _NATIVE_CALL.findall(text):
+        dims_x = [int(d) for d in x.split("x") if d]
+        dims_y = [int(d) for d in y.split("x") if d]
+        if dims_x and dims_y:
+            total += 2.0 * math.prod(dims_x) * dims_y[-1]
+    return total
 
 
 def _plain(value: Value) -> bool:

@@ -191,15 +191,18 @@ def test_residual_of_another_shape_is_broadcast(monkeypatch: pytest.MonkeyPatch)
 
 @needs_kernel
 def test_rule_without_the_kernel_computes_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A planned model whose native ops meet a process without the kernel runs on XLA."""
+    """Planned with the kernel, traced where it cannot be used: the rule computes the same with
+    XLA. (A planned model loaded again runs its ops' function bodies instead.)"""
     monkeypatch.setattr(native_gemm, "MIN_FLOPS", 0.0)
     model = _net(20, se=False)
-    planned = _planned(model)
     x = RNG.standard_normal((1, 32, 20, 20)).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    monkeypatch.setattr(native, "available", lambda: False)
-    got = oxla.CompiledModel(planned)({"x": x})
-    np.testing.assert_allclose(np.asarray(got["y"]), want, rtol=1e-4, atol=1e-4)
+    session = oxla.InferenceSession(model.SerializeToString())
+    assert [n for n in session.compiled.plan.nodes if n.domain == native_rule.DOMAIN]
+    monkeypatch.setattr(native, "available", lambda: False)  # before the first trace
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
+    again = oxla.CompiledModel(_planned(model))({"x": x})  # the bodies
+    np.testing.assert_allclose(np.asarray(again["y"]), want, rtol=1e-4, atol=1e-4)
 
 
 def test_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -218,3 +221,36 @@ def test_pack_layout() -> None:
     np.testing.assert_array_equal(p[0], w[:, :32])
     np.testing.assert_array_equal(p[1, :, :3], w[:, 32:])
     assert not p[1, :, 3:].any()
+
+
+@needs_kernel
+def test_wrong_channel_count_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A native product fed an input with other channels than its kernel reads fails naming the
+    node (the declared channel dim is symbolic, so the feed check lets it through)."""
+    monkeypatch.setattr(native_gemm, "MIN_FLOPS", 0.0)
+    model = _net(20, se=False)
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    dims[1].ClearField("dim_value")
+    dims[1].dim_param = "C"
+    session = oxla.InferenceSession(model.SerializeToString())
+    assert [n for n in session.compiled.plan.nodes if n.domain == native_rule.DOMAIN]
+    with pytest.raises(oxla.OxlaError, match="channels where the 1x1 kernel reads 32"):
+        session.run(None, {"x": RNG.standard_normal((1, 16, 20, 20)).astype(np.float32)})
+
+
+@needs_kernel
+def test_executor_counts_the_kernels_flops() -> None:
+    """XLA's cost analysis leaves custom calls out; the one-thread decision must see them."""
+    from oxla.executor import _native_flops
+
+    def f(x, w, b):
+        return _call_traced(x, w, b) * 2
+
+    def _call_traced(x, w, b):
+        out = jax.ShapeDtypeStruct((1, 56, 56, 144), jnp.float32)
+        return jax.ffi.ffi_call(native.GEMM_TARGET, out)(
+            x, w, b, jnp.zeros((0,), jnp.float32), threads=np.int64(2), act=np.int64(0),
+            lo=np.float32(0), hi=np.float32(0))
+
+    lowered = jax.jit(f).lower(jnp.zeros((1, 56, 56, 24)), jnp.zeros((5, 24, 32)), jnp.zeros(144))
+    assert _native_flops(lowered) == 2 * 56 * 56 * 24 * 144

@@ -7,9 +7,9 @@ columns, (ceil(N / 32), K, 32), and B always present (zeros where the model had 
 length. The op type names the epilogue: Gemm, then Add when a residual R (Y's shape) is the 4th
 input, then the activation (Relu, Clip with its bounds as the last two inputs, Silu, HardSwish).
 The rule calls the kernel through an XLA FFI custom call on the cores the plan was made for
-(`Options.native_threads`, capped by the client's intra-op pool). Where the kernel is not
-available (OXLA_NATIVE=0 set after planning, another machine's planned model) it unpacks W and
-computes the same with XLA.
+(`Options.native_threads`, capped by the client's intra-op pool). Where the kernel cannot be
+used when the node is traced (not float32, or no longer available) it unpacks W and computes
+the same with XLA. A planned model loaded again runs the ops' model-local function bodies.
 """
 
 from __future__ import annotations
@@ -47,6 +47,16 @@ def _epilogue(y, activation: str, lo: float, hi: float):
 
 def _gemm(cx, x, w, b, r, activation: str, lo: float = 0.0, hi: float = 0.0):
     n = b.shape[0]
+    if x.ndim < 1 or x.shape[-1] != w.shape[1]:
+        raise cx.shape_error(f"X {tuple(x.shape)} has {x.shape[-1] if x.ndim else 0} channels "
+                             f"where the 1x1 kernel reads {w.shape[1]}; check the model's "
+                             f"Conv input")
+    if r is not None:
+        try:
+            np.broadcast_shapes((*x.shape[:-1], n), tuple(r.shape))
+        except ValueError:
+            raise cx.shape_error(f"the residual Add's other input {tuple(r.shape)} does not "
+                                 f"broadcast with the product {(*x.shape[:-1], n)}") from None
     if x.dtype == jnp.float32 and x.ndim >= 1 and native.available():
         out = jax.ShapeDtypeStruct((*x.shape[:-1], n), jnp.float32)
         if r is not None and (r.shape != out.shape or r.dtype != jnp.float32):
