@@ -33,9 +33,10 @@ import numpy as np
 from onnx import FunctionProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from oxla import native
-from oxla.graph import attribute_value, inferred_types, model_opsets, node_reads, tensor_value
+from oxla.graph import inferred_types, model_opsets, node_reads, tensor_value
 from oxla.lowering.ops.native import ACTIVATIONS, DOMAIN, op_type
 from oxla.passes.channels_last import DOMAIN as LAST
+from oxla.passes.weight_layout import conv_hwio, plain_conv_attributes
 
 SUFFIX = "__oxla_packed"
 BIAS_SUFFIX = "__oxla_bias"
@@ -84,35 +85,19 @@ def _pooled_values(nodes: Sequence[NodeProto]) -> set[str]:
 
 
 def _pointwise(node: NodeProto) -> bool:
-    attrs = {a.name: attribute_value(a) for a in node.attribute}
-    if attrs.get("group", 1) != 1 or any(s != 1 for s in attrs.get("strides", [1, 1])) \
-            or any(d != 1 for d in attrs.get("dilations", [1, 1])) \
-            or list(attrs.get("kernel_shape", [1, 1])) != [1, 1]:
-        return False
-    auto_pad = attrs.get("auto_pad", "NOTSET")
-    return auto_pad in ("NOTSET", "", "VALID", "SAME_UPPER", "SAME_LOWER") \
+    attrs = plain_conv_attributes(node, [1, 1])
+    return attrs is not None \
+        and attrs.get("auto_pad", "NOTSET") in ("NOTSET", "", "VALID", "SAME_UPPER", "SAME_LOWER") \
         and not any(attrs.get("pads", [0, 0, 0, 0]))
 
 
 def _kernel(node: NodeProto, producers: dict[str, NodeProto],
             inits: dict[str, TensorProto]) -> tuple[np.ndarray, list[str]] | None:
-    """The (C, M) kernel of `node` and the names it came from (a Transpose of WeightLayoutPass's
-    HWIO initializer, or an OIHW initializer), or None."""
-    name = node.input[1]
-    if name in inits:
-        oihw = tensor_value(name, lambda: numpy_helper.to_array(inits[name]))
-        if oihw.ndim != 4 or oihw.shape[2:] != (1, 1):
-            return None
-        return oihw[:, :, 0, 0].T, [name]
-    producer = producers.get(name)
-    if producer is None or producer.op_type != "Transpose" or producer.input[0] not in inits:
+    """The (C, M) kernel of a 1x1 `node` and the names it came from, or None."""
+    found = conv_hwio(node, producers, inits)
+    if found is None or found[0].ndim != 4 or found[0].shape[:2] != (1, 1):
         return None
-    perm = [int(p) for p in attribute_value(producer.attribute[0])] if producer.attribute else []
-    source = producer.input[0]
-    hwio = tensor_value(source, lambda: numpy_helper.to_array(inits[source]))
-    if perm != [3, 2, 0, 1] or hwio.ndim != 4 or hwio.shape[:2] != (1, 1):
-        return None
-    return hwio[0, 0], [name, source]
+    return found[0][0, 0], found[1]
 
 
 @dataclass

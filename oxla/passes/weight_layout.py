@@ -16,12 +16,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
-from onnx import GraphProto, ModelProto, NodeProto, helper, numpy_helper
+from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from oxla.dtypes import is_float
-from oxla.graph import node_reads, tensor_value
+from oxla.graph import attribute_value, node_reads, tensor_value
 
 SUFFIX = "__oxla_hwio"
 KN_SUFFIX = "__oxla_kn"
@@ -120,3 +121,34 @@ def recurrent_weights_per_direction(model: ModelProto) -> int:
         del graph.node[:]
         graph.node.extend(split + nodes)
     return len(split)
+
+
+def conv_hwio(node: NodeProto, producers: dict[str, NodeProto],
+              inits: dict[str, TensorProto]) -> tuple[np.ndarray, list[str]] | None:
+    """The (KH, KW, C, M) kernel of a Conv `node` and the names it came from (a Transpose of
+    conv_weights_to_hwio's HWIO initializer, or an OIHW initializer), or None."""
+    name = node.input[1]
+    if name in inits:
+        oihw = tensor_value(name, lambda: numpy_helper.to_array(inits[name]))
+        return (np.transpose(oihw, (2, 3, 1, 0)) if oihw.ndim == 4 else oihw), [name]
+    producer = producers.get(name)
+    if producer is None or producer.op_type != "Transpose" or producer.input[0] not in inits:
+        return None
+    perm = [int(p) for p in attribute_value(producer.attribute[0])] if producer.attribute else []
+    if perm != [3, 2, 0, 1]:
+        return None
+    source = producer.input[0]
+    value = tensor_value(source, lambda: numpy_helper.to_array(inits[source]))
+    return value, [name, source]
+
+
+def plain_conv_attributes(node: NodeProto, kernel: list[int]) -> dict[str, Any] | None:
+    """A Conv's attributes when it has group 1, stride 1, dilation 1 and this kernel shape
+    (absent attributes at their defaults), else None; pads are left to the caller."""
+    attrs = {a.name: attribute_value(a) for a in node.attribute}
+    if attrs.get("group", 1) != 1 or any(s != 1 for s in attrs.get("strides", [1, 1])) \
+            or any(d != 1 for d in attrs.get("dilations", [1, 1])) \
+            or list(attrs.get("kernel_shape", kernel)) != kernel:
+        return None
+    return attrs
+

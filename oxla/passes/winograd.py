@@ -18,12 +18,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from onnx import FunctionProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
+from onnx import FunctionProto, ModelProto, NodeProto, helper, numpy_helper
 
-from oxla.graph import attribute_value, inferred_types, model_opsets, node_reads, tensor_value
+from oxla.graph import inferred_types, model_opsets, node_reads
 from oxla.lowering.ops.winograd import DOMAIN, P, kernel_transform
 from oxla.passes.channels_last import DOMAIN as LAST
 from oxla.passes.channels_last import TO_FIRST, TO_LAST
+from oxla.passes.weight_layout import conv_hwio, plain_conv_attributes
 
 SUFFIX = "__oxla_winograd"
 MIN_CHANNELS = 128
@@ -38,34 +39,13 @@ MAX_SMALL_TILES = 16
 
 
 def _eligible(node: NodeProto) -> bool:
-    attrs = {a.name: attribute_value(a) for a in node.attribute}
-    if attrs.get("group", 1) != 1 or any(s != 1 for s in attrs.get("strides", [1, 1])) \
-            or any(d != 1 for d in attrs.get("dilations", [1, 1])) \
-            or list(attrs.get("kernel_shape", [3, 3])) != [3, 3]:
+    attrs = plain_conv_attributes(node, [3, 3])
+    if attrs is None:
         return False
     auto_pad = attrs.get("auto_pad", "NOTSET")
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         return True  # 3x3 at stride 1: one on each side
     return auto_pad in ("NOTSET", "") and list(attrs.get("pads", [0, 0, 0, 0])) == [1, 1, 1, 1]
-
-
-def _hwio(node: NodeProto, producers: dict[str, NodeProto],
-          inits: dict[str, TensorProto]) -> tuple[np.ndarray, list[str]] | None:
-    """The (3, 3, C, M) kernel of `node` and the names it came from (a Transpose of WeightLayoutPass's
-    HWIO initializer, or an OIHW initializer), or None."""
-    name = node.input[1]
-    if name in inits:
-        oihw = tensor_value(name, lambda: numpy_helper.to_array(inits[name]))
-        return (np.transpose(oihw, (2, 3, 1, 0)) if oihw.ndim == 4 else oihw), [name]
-    producer = producers.get(name)
-    if producer is None or producer.op_type != "Transpose" or producer.input[0] not in inits:
-        return None
-    perm = [int(p) for p in attribute_value(producer.attribute[0])] if producer.attribute else []
-    if perm != [3, 2, 0, 1]:
-        return None
-    source = producer.input[0]
-    value = tensor_value(source, lambda: numpy_helper.to_array(inits[source]))
-    return value, [name, source]
 
 
 def _small_outputs(model: ModelProto) -> set[str]:
@@ -103,7 +83,7 @@ def convs_to_winograd(model: ModelProto) -> int:
     for node in graph.node:
         if node.op_type != "Conv" or node.domain != LAST or len(node.input) < 2 or not _eligible(node):
             continue
-        found = _hwio(node, producers, inits)
+        found = conv_hwio(node, producers, inits)
         if found is None:
             continue
         hwio, names = found
