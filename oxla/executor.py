@@ -34,6 +34,7 @@ from oxla.lowering.context import NeedStatic, Scope
 from oxla.lowering.interpreter import Interpreter
 from oxla.lowering.values import Value, is_static, to_static
 from oxla.lru import LRU, CacheInfo
+from oxla.native import GEMM_TARGET
 from oxla.params import ParamLayout
 from oxla.plan import Plan
 
@@ -444,8 +445,8 @@ def _cost(lowered: Any) -> tuple[float, float]:
             float(cost.get("bytes accessed", 0.0)))
 
 
-_NATIVE_CALL = re.compile(r"custom_call @oxla_sgemm\(.*? : \(tensor<([0-9x]*)xf32>.*?"
-                          r"-> tensor<([0-9x]*)xf32>")
+_NATIVE_CALL = re.compile(rf"custom_call @{re.escape(GEMM_TARGET)}\(.*? : \(tensor<([0-9x]*)xf32>"
+                          r".*?-> tensor<([0-9x]*)xf32>")
 
 
 def _native_flops(lowered: Any) -> float:

@@ -19,7 +19,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <mutex>
 #include <thread>
 #include <vector>

@@ -179,75 +179,64 @@ def _fold(g: _Graph, y: str) -> _Fold:
     fold = _Fold(output=y)
     if y in g.outputs:
         return fold
-    if len(g.readers.get(y, [])) == 2:
-        _activation(g, y, fold)  # SiLU: read by Sigmoid and Mul
-        return fold
     add = g.only_reader(y)
     if add is not None and add.op_type == "Add" and len(add.input) == 2 and add.input[0] != add.input[1]:
         other = add.input[1] if add.input[0] == y else add.input[0]
         if other:  # of another shape (broadcast), the rule adds it with XLA instead
             fold.residual, fold.absorbed, fold.output = other, (add,), add.output[0]
-            if fold.output not in g.outputs:
-                _activation(g, fold.output, fold)
-            return fold
-    _activation(g, y, fold)
+    _activation(g, fold.output, fold)
     return fold
 
 
 def _product(node: NodeProto, producers: dict[str, NodeProto], inits: dict[str, TensorProto]
              ) -> tuple[np.ndarray, list[str], np.ndarray | None] | None:
-    """(W as (K, N), the names it came from, the bias or None) of a channels-last 1x1 Conv the
-    kernel can run, or None."""
+    """(W as (K, N) float32, the names it came from, the (N,) float32 bias or None) of a
+    channels-last 1x1 Conv the kernel can run, or None."""
     if not (node.op_type == "Conv" and node.domain == LAST and len(node.input) >= 2
             and _pointwise(node)):
         return None
     found = _kernel(node, producers, inits)
     bias = node.input[2] if len(node.input) > 2 else ""
-    if found is None or (bias and bias not in inits):
+    if found is None or found[0].dtype != np.float32 or (bias and bias not in inits):
         return None
     b = tensor_value(bias, lambda: numpy_helper.to_array(inits[bias])) if bias else None
+    if b is not None and (b.dtype != np.float32 or b.shape != (found[0].shape[1],)):
+        return None
     return found[0], found[1], b
 
 
 def convs_to_native(model: ModelProto) -> int:
     """Rewrite the eligible 1x1 convolutions of the main graph; returns how many."""
     opsets = model_opsets(model.opset_import)
-    if opsets.get("", 1) < MIN_OPSET or not native.available():
+    if opsets.get("", 1) < MIN_OPSET:
         return 0
     graph = model.graph
     fed = {i.name for i in graph.input}
     inits = {t.name: t for t in graph.initializer if t.name not in fed}
     producers = {o: n for n in graph.node for o in n.output}
-    candidates = []
-    for node in graph.node:
-        if (found := _product(node, producers, inits)) is not None:
-            kernel, names, b = found
-            if kernel.dtype == np.float32 and (b is None or b.dtype == np.float32):
-                candidates.append((node, kernel, names, b))
+    candidates = [(node, *found) for node in graph.node
+                  if (found := _product(node, producers, inits)) is not None]
     if not candidates:
         return 0
     rows = _known_rows(model)
     pooled = _pooled_values(graph.node)
     candidates = [c for c in candidates if c[0].input[0] not in pooled
                   and 2 * rows.get(c[0].input[0], 1) * c[1].size >= MIN_FLOPS]
-    if not candidates:
+    if not candidates or not native.available():  # built (first use) only for a model that needs it
         return 0
     g = _Graph(model, inits)
     removed: set[int] = set()
     moved: dict[int, NodeProto] = {}
-    packed: dict[str, str] = {}  # a weight read by several products is packed once
+    packed: dict[str, str] = {}  # an OIHW initializer read by several convolutions: packed once
     count = 0
     for node, kernel, names, b in candidates:
-        n = kernel.shape[1]
-        if b is not None and b.shape != (n,):
-            continue
-        bias = np.zeros(n, np.float32) if b is None else b
+        bias = np.zeros(kernel.shape[1], np.float32) if b is None else b
         fold = _fold(g, node.output[0])
         if names[-1] not in packed:
             packed[names[-1]] = names[-1] + SUFFIX
             graph.initializer.append(numpy_helper.from_array(native.pack(kernel), packed[names[-1]]))
         bias_name = f"{node.output[0]}{BIAS_SUFFIX}"
-        graph.initializer.append(numpy_helper.from_array(bias.astype(np.float32), bias_name))
+        graph.initializer.append(numpy_helper.from_array(bias, bias_name))
         inputs = [node.input[0], packed[names[-1]], bias_name]
         if fold.residual:
             inputs.append(fold.residual)

@@ -57,7 +57,7 @@ def _gemm(cx, x, w, b, r, activation: str, lo: float = 0.0, hi: float = 0.0):
         except ValueError:
             raise cx.shape_error(f"the residual Add's other input {tuple(r.shape)} does not "
                                  f"broadcast with the product {(*x.shape[:-1], n)}") from None
-    if x.dtype == jnp.float32 and x.ndim >= 1 and native.available():
+    if x.dtype == jnp.float32 and native.available():
         out = jax.ShapeDtypeStruct((*x.shape[:-1], n), jnp.float32)
         if r is not None and (r.shape != out.shape or r.dtype != jnp.float32):
             # broadcast (or mistyped) residual: the product alone, the rest as ONNX would
