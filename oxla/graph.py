@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Sequence, Set
 from typing import Any
 
@@ -13,6 +14,7 @@ from onnx import (
     NodeProto,
     OperatorSetIdProto,
     SparseTensorProto,
+    TensorProto,
     ValueInfoProto,
     helper,
     numpy_helper,
@@ -158,6 +160,8 @@ def attribute_value(attr: AttributeProto) -> Any:
     raise LoweringError(f"attribute '{attr.name}' has unknown type {t}")
 
 
+# initializer types whose (small) data shape inference is given: shapes, pads, axes, indices
+SHAPE_DATA = frozenset({TensorProto.INT64, TensorProto.INT32})
 # oxla ops whose output has their first input's shape, which inference through their function
 # bodies cannot see
 SHAPE_KEEPING = frozenset({("oxla.pad_ahead", "ZeroBorder")})
@@ -165,7 +169,9 @@ SHAPE_KEEPING = frozenset({("oxla.pad_ahead", "ZeroBorder")})
 
 def inferred_types(model: ModelProto) -> GraphProto:
     """ONNX shape inference over the main graph with its initializers' data left out (a model over
-    2 GiB cannot be serialized for the inference, and types and shapes are all it gives): the
+    2 GiB cannot be serialized for the inference, and types and shapes are all it gives) except
+    small integer ones (up to 64 values: the pads, shapes and axes that Pad, Reshape or Slice
+    read as inputs, without which tf2onnx's files lose every size after their first Pad): the
     inferred graph, whose inputs, value_info and outputs carry what it found. Model-local
     functions (oxla's own ops included) are inferred through their bodies.
 
@@ -173,14 +179,18 @@ def inferred_types(model: ModelProto) -> GraphProto:
         onnx.shape_inference.InferenceError: the graph's types contradict each other.
     """
     declared = {i.name for i in model.graph.input}
+    small = [t for t in model.graph.initializer
+             if t.name not in declared and t.data_type in SHAPE_DATA and math.prod(t.dims) <= 64]
+    given = {t.name for t in small}
     typed = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-             for t in model.graph.initializer if t.name not in declared]
+             for t in model.graph.initializer if t.name not in declared and t.name not in given]
     known = list(model.graph.value_info)
     keeping = [n for n in model.graph.node if (n.domain, n.op_type) in SHAPE_KEEPING]
     while True:
         light = helper.make_model(helper.make_graph(model.graph.node, "types",
                                                     [*model.graph.input, *typed],
-                                                    model.graph.output, value_info=known),
+                                                    model.graph.output, initializer=small,
+                                                    value_info=known),
                                   opset_imports=model.opset_import, functions=model.functions)
         light.ir_version = model.ir_version
         graph = shape_inference.infer_shapes(light).graph
