@@ -282,9 +282,16 @@ def test_qattention() -> None:
 
 
 def test_dynamic_quantize_lstm() -> None:
+    # data of its own: drawn from the module's RNG it depended on which tests pytest-xdist had run
+    # before in the same worker, and H's requantization can turn a last-bit gate difference into
+    # a step that grows over the sequence (0.038 once under `make test`; above atol on 1 of 30
+    # seeds, at most 0.023)
+    rng = np.random.default_rng(0)
     h, i = 12, 8
-    inputs = {"x": RNG.standard_normal((5, 2, i)).astype(F32), "w": q(np.int8, (2, i, 4 * h)),
-              "r": q(np.int8, (2, h, 4 * h)), "B": RNG.standard_normal((2, 8 * h)).astype(F32) * 0.1}
+    inputs = {"x": rng.standard_normal((5, 2, i)).astype(F32),
+              "w": rng.integers(-128, 128, (2, i, 4 * h)).astype(np.int8),
+              "r": rng.integers(-128, 128, (2, h, 4 * h)).astype(np.int8),
+              "B": rng.standard_normal((2, 8 * h)).astype(F32) * 0.1}
     params = {"sw": f([0.01, 0.02]), "zw": np.zeros(2, np.int8), "sy": f([0.01, 0.015]),
               "zy": np.zeros(2, np.int8)}
     inputs.update({"s1": None, "h0": None, "c0": None, "p": None})
