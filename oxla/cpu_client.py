@@ -143,6 +143,7 @@ CONV_ONLY = "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"
 CONV_AND_DOTS = CONV_ONLY + ",LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"
 WINOGRAD_CONV = "oxla.winograd::Conv"
 NATIVE_GEMM = "oxla.native::Gemm"
+NATIVE_CONV = "oxla.native::Conv"
 CONVOLUTIONS = frozenset({"Conv", "ConvTranspose"})
 # A segment whose products outnumber its convolutions (a vision transformer: one patch-embedding
 # Conv, ~100 MatMuls) is compiled as a segment without convolutions: with every YNNPACK fusion on a
@@ -169,8 +170,9 @@ def compiler_options(device: Any, op_types: Iterable[str]) -> dict[str, Any]:
     if YNN_FUSIONS == "1" or any(op in KEEP_YNN or op.startswith(KEEP_YNN_PREFIXES) for op in counts):
         return options
     pooled = cores() > 1 and not is_single_thread(device)
-    # oxla.native::Gemm* nodes are not XLA's products (the plain one's op type is "Gemm")
-    convolutions = sum(counts[op] for op in CONVOLUTIONS)
+    # oxla.native::Gemm* and Conv* nodes are not XLA's products or convolutions (the plain ones'
+    # op types are "Gemm" and "Conv")
+    convolutions = sum(counts[op] for op in CONVOLUTIONS) - counts[NATIVE_CONV]
     products = sum(counts[op] for op in PRODUCTS) - counts[NATIVE_GEMM]
     if convolutions and (not pooled or convolutions >= products):
         kinds = CONV_AND_DOTS if WINOGRAD_CONV in counts and pooled else CONV_ONLY

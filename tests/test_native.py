@@ -26,7 +26,10 @@ def _reference(x, w, b, r, act, lo=0.0, hi=0.0):
     y = x.astype(np.float64) @ w.astype(np.float64) + b
     if r is not None:
         y = y + r
-    y = y.astype(np.float32)
+    return _act(y.astype(np.float32), act, lo, hi)
+
+
+def _act(y, act, lo, hi):
     if act == "Relu":
         return np.maximum(y, 0)
     if act == "Clip":
@@ -254,3 +257,168 @@ def test_executor_counts_the_kernels_flops() -> None:
 
     lowered = jax.jit(f).lower(jnp.zeros((1, 56, 56, 24)), jnp.zeros((5, 24, 32)), jnp.zeros(144))
     assert _native_flops(lowered) == 2 * 56 * 56 * 24 * 144
+
+
+# --- convolutions (oxla_sconv, Conv* ops) --------------------------------------------------------
+
+def _conv_reference(x, hwio, b, r, act, strides, pads, dilations):
+    with jax.enable_x64(True):
+        y = np.asarray(jax.lax.conv_general_dilated(
+            jnp.asarray(x, jnp.float64), jnp.asarray(hwio, jnp.float64), strides,
+            [(pads[0], pads[2]), (pads[1], pads[3])], rhs_dilation=dilations,
+            dimension_numbers=("NHWC", "HWIO", "NHWC")))
+    y = y + b
+    if r is not None:
+        y = y + r
+    return _act(y.astype(np.float32), act, -0.5, 1.5)
+
+
+def _conv_call(x, hwio, b, r, act, threads, strides, pads, dilations):
+    kh, kw, _, m = hwio.shape
+    oh = (x.shape[1] + pads[0] + pads[2] - dilations[0] * (kh - 1) - 1) // strides[0] + 1
+    ow = (x.shape[2] + pads[1] + pads[3] - dilations[1] * (kw - 1) - 1) // strides[1] + 1
+    out = jax.ShapeDtypeStruct((x.shape[0], oh, ow, m), jnp.float32)
+    residual = np.zeros((0,), np.float32) if r is None else r
+    i64 = np.int64
+
+    def f(x, wp, b, r):
+        return jax.ffi.ffi_call(native.CONV_TARGET, out)(
+            x, wp, b, r, threads=i64(threads), act=i64(native_rule.ACTIVATIONS[act]),
+            lo=np.float32(-0.5), hi=np.float32(1.5), kh=i64(kh), kw=i64(kw), sh=i64(strides[0]),
+            sw=i64(strides[1]), dh=i64(dilations[0]), dw=i64(dilations[1]), pt=i64(pads[0]),
+            pl=i64(pads[1]))
+
+    device = cpu_client.inline_device()
+    args = [jax.device_put(a, device) for a in (x, native.pack(hwio.reshape(-1, m)), b, residual)]
+    return np.asarray(jax.jit(f)(*args))
+
+
+@needs_kernel
+@pytest.mark.parametrize("case", [
+    # (N, H, W, C, M, KH, KW, strides, pads (t, l, b, r), dilations)
+    (1, 9, 11, 3, 16, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1)),     # an image stem
+    (2, 7, 6, 17, 40, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),     # masked channels and panels
+    (1, 12, 10, 8, 33, 5, 5, (2, 1), (1, 2, 2, 0), (1, 1)),    # uneven strides and pads
+    (1, 13, 13, 16, 24, 3, 3, (1, 1), (2, 2, 2, 2), (2, 2)),   # dilated
+    (1, 6, 6, 4, 8, 7, 7, (1, 1), (3, 3, 3, 3), (1, 1)),       # kernel wider than X
+    (1, 5, 5, 8, 8, 1, 1, (2, 2), (0, 0, 0, 0), (1, 1)),       # strided 1x1
+    (1, 7, 7, 160, 200, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),   # W over 1 MB: rows held longer
+    (1, 3, 3, 5, 7, 3, 3, (1, 1), (0, 0, 0, 0), (1, 1)),       # one output pixel
+])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_conv_kernel_matches_float64(case: tuple, threads: int) -> None:
+    n, h, w, c, m, kh, kw, strides, pads, dilations = case
+    x = RNG.standard_normal((n, h, w, c)).astype(np.float32)
+    hwio = RNG.standard_normal((kh, kw, c, m)).astype(np.float32)
+    b = RNG.standard_normal(m).astype(np.float32)
+    got = _conv_call(x, hwio, b, None, "", threads, strides, pads, dilations)
+    want = _conv_reference(x, hwio, b, None, "", strides, pads, dilations)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * (kh * kw * c) ** 0.5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("act", ["", "Relu", "Clip", "Silu", "HardSwish"])
+def test_conv_epilogues(act: str) -> None:
+    x = RNG.standard_normal((1, 10, 9, 12)).astype(np.float32)
+    hwio = (RNG.standard_normal((3, 3, 12, 20)) / 10).astype(np.float32)
+    b = RNG.standard_normal(20).astype(np.float32)
+    r = RNG.standard_normal((1, 5, 5, 20)).astype(np.float32)
+    for threads in (1, 2):
+        got = _conv_call(x, hwio, b, r, act, threads, (2, 2), (1, 1, 1, 1), (1, 1))
+        want = _conv_reference(x, hwio, b, r, act, (2, 2), (1, 1, 1, 1), (1, 1))
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def _conv_net(size: int = 20) -> onnx.ModelProto:
+    """A 3-channel stem (XLA's), then 3x3 convolutions with each kind of epilogue, and a padded
+    1x1 convolution (PadAheadPass's shape, XLA's)."""
+    inits: list[onnx.TensorProto] = []
+
+    def conv(name: str, x: str, cin: int, cout: int, k: int, bias: bool = True, **attrs) -> onnx.NodeProto:
+        inits.append(numpy_helper.from_array(
+            (RNG.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k)).astype(np.float32), f"{name}_w"))
+        inputs = [x, f"{name}_w"]
+        if bias:
+            inits.append(numpy_helper.from_array(RNG.standard_normal(cout).astype(np.float32), f"{name}_b"))
+            inputs.append(f"{name}_b")
+        return helper.make_node("Conv", inputs, [name], kernel_shape=[k, k], **attrs)
+
+    nodes = [conv("stem", "x", 3, 16, 3, pads=[1, 1, 1, 1]), helper.make_node("Relu", ["stem"], ["s_r"]),
+             conv("a", "s_r", 16, 32, 3, pads=[1, 1, 1, 1]), helper.make_node("Relu", ["a"], ["a_r"]),
+             conv("b", "a_r", 32, 48, 3, strides=[2, 2], pads=[1, 0, 1, 1]),
+             helper.make_node("HardSwish", ["b"], ["b_hs"]),
+             conv("c", "b_hs", 48, 48, 3, bias=False, pads=[2, 2, 2, 2], dilations=[2, 2]),
+             helper.make_node("Add", ["c", "b_hs"], ["c_add"]), helper.make_node("Relu", ["c_add"], ["c_r"]),
+             conv("d", "c_r", 48, 16, 1, pads=[1, 1, 1, 1])]
+    half = (size + 1) // 2
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, (1, 3, size, size))],
+                              [helper.make_tensor_value_info("d", onnx.TensorProto.FLOAT, (1, 16, half + 2, half + 1))],
+                              inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+@needs_kernel
+def test_pass_takes_convolutions_and_agrees_with_onnxruntime(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native_gemm, "MIN_FLOPS", 0.0)
+    model = _conv_net()
+    planned = _planned(model)
+    kinds = [n.op_type for n in planned.graph.node if n.domain == native_rule.DOMAIN]
+    assert kinds == ["ConvRelu", "ConvHardSwish", "ConvAddRelu"]
+    # the stem (3 channels: XLA's fused taps) and the padded 1x1 (PadAheadPass's producer) stay
+    assert len([n for n in planned.graph.node if n.op_type == "Conv"]) == 2
+    b = next(n for n in planned.graph.node if n.op_type == "ConvHardSwish")
+    assert {a.name: list(a.ints) for a in b.attribute} == {
+        "kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 0, 1, 1], "dilations": [1, 1]}
+    onnx.checker.check_model(planned)
+    x = RNG.standard_normal((1, 3, 20, 20)).astype(np.float32)
+    data = model.SerializeToString()
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = oxla.InferenceSession(data).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    # the Conv* function bodies (Conv between transposes) run in onnxruntime and in oxla
+    again = ort.InferenceSession(planned.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(again.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
+    bodies = oxla.CompiledModel(_planned(model))({"x": x})
+    np.testing.assert_allclose(np.asarray(bodies["d"]), want, rtol=1e-4, atol=1e-4)
+
+
+@needs_kernel
+def test_conv_rule_without_the_kernel_computes_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native_gemm, "MIN_FLOPS", 0.0)
+    model = _conv_net(16)
+    x = RNG.standard_normal((1, 3, 16, 16)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    session = oxla.InferenceSession(model.SerializeToString())
+    assert [n for n in session.compiled.plan.nodes if n.op_type == "ConvAddRelu"]
+    monkeypatch.setattr(native, "available", lambda: False)  # before the first trace
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
+
+
+@needs_kernel
+def test_conv_node_without_its_window_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Conv* node not made by the planner (no function body, no attributes) fails naming it."""
+    monkeypatch.setattr(native_gemm, "MIN_FLOPS", 0.0)
+    planned = _planned(_conv_net(16))
+    del planned.functions[:]
+    node = next(n for n in planned.graph.node if n.op_type == "ConvRelu")
+    del node.attribute[:]
+    x = RNG.standard_normal((1, 3, 16, 16)).astype(np.float32)
+    with pytest.raises(oxla.OxlaError, match="ConvRelu.*needs 2-D kernel_shape"):
+        oxla.CompiledModel(planned)({"x": x})
+
+
+@needs_kernel
+def test_executor_counts_the_conv_kernels_flops() -> None:
+    from oxla.executor import _native_flops
+
+    def f(x, w, b):
+        out = jax.ShapeDtypeStruct((1, 28, 28, 64), jnp.float32)
+        i64 = np.int64
+        return jax.ffi.ffi_call(native.CONV_TARGET, out)(
+            x, w, b, jnp.zeros((0,), jnp.float32), threads=i64(2), act=i64(0), lo=np.float32(0),
+            hi=np.float32(0), kh=i64(3), kw=i64(3), sh=i64(2), sw=i64(2), dh=i64(1), dw=i64(1),
+            pt=i64(1), pl=i64(1)) + 1
+
+    lowered = jax.jit(f).lower(jnp.zeros((1, 56, 56, 32)), jnp.zeros((2, 288, 32)), jnp.zeros(64))
+    assert _native_flops(lowered) == 2 * 28 * 28 * 64 * 288

@@ -33,6 +33,7 @@ FLAGS = ("-O3", "-std=c++20", "-mavx512f", "-mavx512vl", "-mfma", "-fPIC", "-sha
          "-pthread")
 NR = 32  # columns per packed panel; kernels.cc's NR
 GEMM_TARGET = "oxla_sgemm"
+CONV_TARGET = "oxla_sconv"
 
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}
@@ -88,6 +89,7 @@ def _load() -> None:
         raise OSError("the CPU has no AVX-512F")
     lib = ctypes.CDLL(str(_build()))
     jax.ffi.register_ffi_target(GEMM_TARGET, jax.ffi.pycapsule(lib.OxlaSgemm), platform="cpu")
+    jax.ffi.register_ffi_target(CONV_TARGET, jax.ffi.pycapsule(lib.OxlaSconv), platform="cpu")
     _STATE["lib"] = lib
 
 

@@ -1,4 +1,4 @@
-"""NativeGemmPass: channels-last 1x1 convolutions run on oxla's own GEMM kernel.
+"""NativeGemmPass: channels-last convolutions run on oxla's own GEMM and convolution kernels.
 
 After ChannelsLastPass, an `oxla.channels_last::Conv` with a constant float32 1x1 kernel, stride
 1, dilation 1, group 1 and no padding is a product of X (N, H, W, C) with W (C, M). Unless it is
@@ -11,6 +11,16 @@ the product alone is folded into the kernel's epilogue, applied to each tile whi
 - an activation: Relu, Clip with constant bounds, SiLU (Sigmoid(Y) * Y) or HardSwish.
 The op type names what was folded: Gemm, GemmRelu, GemmAdd, GemmAddRelu, GemmSilu, ...
 
+Other 2-D group-1 convolutions with a constant float32 kernel and explicit (or VALID) pads become
+`oxla.native::Conv*` nodes the same way (W as (KH KW C, M), packed alike; the node keeps the
+window as attributes): the kernel computes them as an implicit GEMM, each block of output pixels'
+im2col rows made in a thread-local buffer. Two kinds stay XLA's, where its fused loops win in the
+models: image stems that `conv_forms.choose_last` runs as fused taps (at most STEM_CHANNELS input
+channels and STEM_TAPS_TERMS terms: they fuse the input's transpose and the next layer's pad), and
+padded 1x1 convolutions (PadAheadPass's producers, whose border XLA fuses into the next loop).
+Winograd layers (WinogradPass, before this pass) stay Winograd: with them made native instead,
+ResNet-50 and the DBNet-style segmenter ran slower.
+
 Why (docs/benchmarks.md, ninth round): the kernel splits each product into parts that the
 caller and the intra-op pool's threads claim, where XLA:CPU's dots gain little from the second
 core, and the epilogue saves a pass over the output. Products by constant matrices in
@@ -20,7 +30,8 @@ slower (XLA's YNNPACK dots fuse what surrounds them).
 The pass runs only when the plan asks for it (`Options.native_threads`, set by InferenceSession
 for CPU sessions that may use several cores) and the kernel builds and loads here
 (`oxla.native.available()`). The planned model stays a valid ONNX model: each op type has a
-model-local function body (unpack W, MatMul, Add, the residual, the activation).
+model-local function body (unpack W, MatMul, Add, the residual, the activation; for Conv*, the
+standard Conv between two transposes).
 """
 
 from __future__ import annotations
@@ -30,10 +41,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from onnx import FunctionProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
+from onnx import (
+    AttributeProto,
+    FunctionProto,
+    ModelProto,
+    NodeProto,
+    TensorProto,
+    helper,
+    numpy_helper,
+)
 
 from oxla import native
-from oxla.graph import inferred_types, model_opsets, node_reads, tensor_value
+from oxla.graph import attribute_value, inferred_types, model_opsets, node_reads, tensor_value
+from oxla.lowering.ops.conv_forms import STEM_CHANNELS, STEM_TAPS_TERMS
 from oxla.lowering.ops.native import ACTIVATIONS, DOMAIN, op_type
 from oxla.passes.channels_last import DOMAIN as LAST
 from oxla.passes.weight_layout import conv_hwio, plain_conv_attributes
@@ -48,6 +68,9 @@ MIN_OPSET = 11  # the function bodies' Slice and Clip read their bounds as input
 # with every 1x1 convolution native against 1.77 / 1.61 ms without; with this bound 1.64 / 1.63
 # against 1.64 / 1.63; EfficientNet-B0 keeps most of its gain (7.53 / 7.44 against 7.87 / 7.79).
 MIN_FLOPS = 2e7
+# Convolutions other than 1x1 (group 1, 2-D) run on the kernel's implicit-GEMM form too.
+CONVS = True
+WINDOW = ("kernel_shape", "strides", "pads", "dilations")  # a Conv* node's attributes
 # A squeeze-excitation branch (1x1 convolutions on a globally pooled image: one row per image)
 # stays XLA's whatever shape inference finds: matrix-vector products, which XLA fuses with their
 # neighbours, where an FFI call alone costs ~2.5 us (XLA's small dot and its activation: 0.5 us).
@@ -89,15 +112,6 @@ def _pointwise(node: NodeProto) -> bool:
     return attrs is not None \
         and attrs.get("auto_pad", "NOTSET") in ("NOTSET", "", "VALID", "SAME_UPPER", "SAME_LOWER") \
         and not any(attrs.get("pads", [0, 0, 0, 0]))
-
-
-def _kernel(node: NodeProto, producers: dict[str, NodeProto],
-            inits: dict[str, TensorProto]) -> tuple[np.ndarray, list[str]] | None:
-    """The (C, M) kernel of a 1x1 `node` and the names it came from, or None."""
-    found = conv_hwio(node, producers, inits)
-    if found is None or found[0].ndim != 4 or found[0].shape[:2] != (1, 1):
-        return None
-    return found[0][0, 0], found[1]
 
 
 @dataclass
@@ -188,21 +202,48 @@ def _fold(g: _Graph, y: str) -> _Fold:
     return fold
 
 
-def _product(node: NodeProto, producers: dict[str, NodeProto], inits: dict[str, TensorProto]
-             ) -> tuple[np.ndarray, list[str], np.ndarray | None] | None:
-    """(W as (K, N) float32, the names it came from, the (N,) float32 bias or None) of a
-    channels-last 1x1 Conv the kernel can run, or None."""
-    if not (node.op_type == "Conv" and node.domain == LAST and len(node.input) >= 2
-            and _pointwise(node)):
+def _window(node: NodeProto, kernel: tuple[int, ...]) -> dict[str, list[int]] | None:
+    """The 2-D window of a group-1 Conv with explicit (or VALID) pads, as the Conv* op's
+    attributes, or None."""
+    attrs = {a.name: attribute_value(a) for a in node.attribute}
+    if len(kernel) != 2 or attrs.get("group", 1) != 1 \
+            or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "", "VALID") \
+            or list(attrs.get("kernel_shape", kernel)) != list(kernel):
         return None
-    found = _kernel(node, producers, inits)
+    pads = [0, 0, 0, 0] if attrs.get("auto_pad") == "VALID" else list(attrs.get("pads", [0] * 4))
+    window = {"kernel_shape": list(kernel), "strides": list(attrs.get("strides", [1, 1])),
+              "pads": pads, "dilations": list(attrs.get("dilations", [1, 1]))}
+    if [len(v) for v in window.values()] != [2, 2, 4, 2] or min(pads) < 0 \
+            or min(window["strides"] + window["dilations"]) < 1:
+        return None
+    return window
+
+
+def _product(node: NodeProto, producers: dict[str, NodeProto], inits: dict[str, TensorProto]
+             ) -> tuple[np.ndarray, list[str], np.ndarray | None, dict[str, list[int]] | None
+                        ] | None:
+    """(W as (K, N) float32, the names it came from, the (N,) float32 bias or None, the window
+    of a convolution other than 1x1 or None) of a channels-last Conv the kernels can run, or
+    None."""
+    if not (node.op_type == "Conv" and node.domain == LAST and len(node.input) >= 2):
+        return None
+    found = conv_hwio(node, producers, inits)
+    if found is None or found[0].ndim != 4 or found[0].dtype != np.float32:
+        return None
+    hwio, names = found
+    window = None
+    if not (_pointwise(node) and hwio.shape[:2] == (1, 1)):
+        window = _window(node, hwio.shape[:2])
+        if window is None or not CONVS or (hwio.shape[:2] == (1, 1) and any(window["pads"])) \
+                or (hwio.shape[2] <= STEM_CHANNELS and hwio[..., 0].size <= STEM_TAPS_TERMS):
+            return None
     bias = node.input[2] if len(node.input) > 2 else ""
-    if found is None or found[0].dtype != np.float32 or (bias and bias not in inits):
+    if bias and bias not in inits:
         return None
     b = tensor_value(bias, lambda: numpy_helper.to_array(inits[bias])) if bias else None
-    if b is not None and (b.dtype != np.float32 or b.shape != (found[0].shape[1],)):
+    if b is not None and (b.dtype != np.float32 or b.shape != (hwio.shape[3],)):
         return None
-    return found[0], found[1], b
+    return hwio.reshape((-1, hwio.shape[3])), names, b, window
 
 
 def convs_to_native(model: ModelProto) -> int:
@@ -221,7 +262,8 @@ def convs_to_native(model: ModelProto) -> int:
     rows = _known_rows(model)
     pooled = _pooled_values(graph.node)
     candidates = [c for c in candidates if c[0].input[0] not in pooled
-                  and 2 * rows.get(c[0].input[0], 1) * c[1].size >= MIN_FLOPS]
+                  and 2 * rows.get(c[0].output[0], rows.get(c[0].input[0], 1)) * c[1].size
+                  >= MIN_FLOPS]
     if not candidates or not native.available():  # built (first use) only for a model that needs it
         return 0
     g = _Graph(model, inits)
@@ -229,7 +271,7 @@ def convs_to_native(model: ModelProto) -> int:
     moved: dict[int, NodeProto] = {}
     packed: dict[str, str] = {}  # an OIHW initializer read by several convolutions: packed once
     count = 0
-    for node, kernel, names, b in candidates:
+    for node, kernel, names, b, window in candidates:
         bias = np.zeros(kernel.shape[1], np.float32) if b is None else b
         fold = _fold(g, node.output[0])
         if names[-1] not in packed:
@@ -246,8 +288,11 @@ def convs_to_native(model: ModelProto) -> int:
         node.input.extend(inputs)
         node.output[0] = fold.output
         node.domain = DOMAIN
-        node.op_type = op_type(bool(fold.residual), fold.activation)
+        node.op_type = op_type(bool(fold.residual), fold.activation,
+                               "Gemm" if window is None else "Conv")
         del node.attribute[:]
+        if window is not None:
+            node.attribute.extend(helper.make_attribute(k, v) for k, v in window.items())
         if fold.absorbed:  # the fused node runs where the last node it absorbs ran
             removed.update(id(n) for n in fold.absorbed)
             g.taken.update(id(n) for n in fold.absorbed)
@@ -293,11 +338,13 @@ def _drop_unread(model: ModelProto) -> None:
 
 
 def _body(name: str, opset: int) -> FunctionProto:
-    """The op as standard ONNX: W unpacked to (K, N), N being B's length, MatMul, Add, then what
-    the op type names."""
-    residual = name.startswith("GemmAdd")
-    activation = name[len("GemmAdd" if residual else "Gemm"):]
-    if activation not in ACTIVATIONS:
+    """The op as standard ONNX: W unpacked to (K, N), N being B's length, then MatMul and Add
+    (Gemm*) or, X and Y moved channels first around it, Conv with the node's window (Conv*), then
+    what the op type names."""
+    base = name[:4]
+    residual = name[4:].startswith("Add")
+    activation = name[len(base) + (3 if residual else 0):]
+    if base not in ("Gemm", "Conv") or activation not in ACTIVATIONS:
         raise ValueError(f"no body for oxla.native::{name}")
     inputs: Sequence[str] = ["X", "W", "B", *(["R"] if residual else []),
                              *(["lo", "hi"] if activation == "Clip" else [])]
@@ -310,9 +357,32 @@ def _body(name: str, opset: int) -> FunctionProto:
         helper.make_node("Reshape", ["W_k", "flat"], ["W_padded"]),             # (K, 32 P)
         helper.make_node("Shape", ["B"], ["n"]),
         helper.make_node("Slice", ["W_padded", "zero", "n", "one"], ["W_kn"]),  # (K, N)
-        helper.make_node("MatMul", ["X", "W_kn"], ["XW"]),
-        helper.make_node("Add", ["XW", "B"], ["Z" if residual else "A"]),
     ]
+    sum_ = "Z" if residual else "A"
+    attributes: list[str] = []
+    if base == "Gemm":
+        nodes += [helper.make_node("MatMul", ["X", "W_kn"], ["XW"]),
+                  helper.make_node("Add", ["XW", "B"], [sum_])]
+    else:
+        attributes = list(WINDOW)
+        hw = helper.make_node("Constant", [], ["hw"])
+        hw.attribute.append(helper.make_attribute_ref("value_ints", AttributeProto.INTS))
+        hw.attribute[0].ref_attr_name = "kernel_shape"
+        conv = helper.make_node("Conv", ["X_first", "W_oihw", "B"], ["Y_first"])
+        for a in attributes:
+            conv.attribute.append(helper.make_attribute_ref(a, AttributeProto.INTS))
+            conv.attribute[-1].ref_attr_name = a
+        nodes += [
+            hw,
+            helper.make_node("Constant", [], ["rest"],
+                             value=helper.make_tensor("rest", ints, [1], [-1])),
+            helper.make_node("Concat", ["hw", "rest", "n"], ["hwcn"], axis=0),
+            helper.make_node("Reshape", ["W_kn", "hwcn"], ["W_hwio"]),           # (KH, KW, C, N)
+            helper.make_node("Transpose", ["W_hwio"], ["W_oihw"], perm=[3, 2, 0, 1]),
+            helper.make_node("Transpose", ["X"], ["X_first"], perm=[0, 3, 1, 2]),
+            conv,
+            helper.make_node("Transpose", ["Y_first"], [sum_], perm=[0, 2, 3, 1]),
+        ]
     if residual:
         nodes.append(helper.make_node("Add", ["Z", "R"], ["A"]))
     if activation == "":
@@ -328,4 +398,4 @@ def _body(name: str, opset: int) -> FunctionProto:
     else:
         nodes.append(helper.make_node(activation, ["A"], ["Y"]))
     return helper.make_function(DOMAIN, name, list(inputs), ["Y"], nodes,
-                                [helper.make_opsetid("", opset)])
+                                [helper.make_opsetid("", opset)], attributes=attributes)

@@ -1,6 +1,7 @@
-"""oxla.native::Gemm*: Y = act(X @ W + B (+ R)) through oxla's own GEMM kernel.
+"""oxla.native::Gemm* and Conv*: Y = act(X @ W + B (+ R)) and its convolution through oxla's
+own kernels.
 
-The kernel: oxla/native/kernels.cc.
+The kernels: oxla/native/kernels.cc.
 
 NativeGemmPass (oxla/passes/native_gemm.py) makes these nodes, with W packed into panels of 32
 columns, (ceil(N / 32), K, 32), and B always present (zeros where the model had none): N is B's
@@ -10,6 +11,10 @@ The rule calls the kernel through an XLA FFI custom call on the cores the plan w
 (`Options.native_threads`, capped by the client's intra-op pool). Where the kernel cannot be
 used when the node is traced (not float32, or no longer available) it unpacks W and computes
 the same with XLA. A planned model loaded again runs the ops' model-local function bodies.
+
+Conv* (Conv, ConvRelu, ConvAddRelu, ...) is the same for a 2-D convolution of a channels-last X
+(N, H, W, C) with group 1: W is the (KH, KW, C, M) kernel as (KH KW C, M), packed alike, and the
+node carries kernel_shape, strides, pads and dilations as ONNX's Conv does (all explicit).
 """
 
 from __future__ import annotations
@@ -28,9 +33,9 @@ DOMAIN = "oxla.native"
 ACTIVATIONS = {"": 0, "Relu": 1, "Clip": 2, "Silu": 3, "HardSwish": 4}
 
 
-def op_type(residual: bool, activation: str) -> str:
-    """The op type for an epilogue: Gemm[Add][activation]."""
-    return "Gemm" + ("Add" if residual else "") + activation
+def op_type(residual: bool, activation: str, base: str = "Gemm") -> str:
+    """The op type for an epilogue: Gemm[Add][activation] (base "Conv": Conv[Add][activation])."""
+    return base + ("Add" if residual else "") + activation
 
 
 def _epilogue(y, activation: str, lo: float, hi: float):
@@ -74,6 +79,81 @@ def _gemm(cx, x, w, b, r, activation: str, lo: float = 0.0, hi: float = 0.0):
     return _epilogue(y, activation, lo, hi)
 
 
+def _conv(cx, x, w, b, r, activation: str, lo: float, hi: float, kernel_shape, strides, pads,
+          dilations):
+    n = b.shape[0]
+    window = (kernel_shape, strides, pads, dilations)
+    if any(a is None for a in window) or [len(a) for a in window] != [2, 2, 4, 2]:
+        raise cx.fail("needs 2-D kernel_shape, strides, pads and dilations attributes, all given "
+                      "(NativeGemmPass writes them); this node was not made by oxla's planner")
+    kh, kw = (int(k) for k in kernel_shape)
+    sh, sw = (int(v) for v in strides)
+    dh, dw = (int(v) for v in dilations)
+    pt, pl, pb, pr = (int(v) for v in pads)
+    c = w.shape[1] // (kh * kw)
+    if x.ndim != 4 or x.shape[-1] != c or c * kh * kw != w.shape[1]:
+        raise cx.shape_error(f"X {tuple(x.shape)} is not (N, H, W, {c}) as the {kh}x{kw} kernel "
+                             f"reads; check the model's Conv input")
+    oh = (x.shape[1] + pt + pb - dh * (kh - 1) - 1) // sh + 1
+    ow = (x.shape[2] + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    if oh < 1 or ow < 1:
+        raise cx.shape_error(f"X {tuple(x.shape)} is smaller than the {kh}x{kw} kernel's "
+                             f"window (pads {list(pads)}, dilations {list(dilations)})")
+    shape = (x.shape[0], oh, ow, n)
+    if r is not None:
+        try:
+            np.broadcast_shapes(shape, tuple(r.shape))
+        except ValueError:
+            raise cx.shape_error(f"the residual Add's other input {tuple(r.shape)} does not "
+                                 f"broadcast with the convolution's {shape}") from None
+    if x.dtype == jnp.float32 and native.available():
+        out = jax.ShapeDtypeStruct(shape, jnp.float32)
+        if r is not None and (r.shape != out.shape or r.dtype != jnp.float32):
+            y = _conv(cx, x, w, b, None, "", 0.0, 0.0, kernel_shape, strides, pads, dilations)
+            return _epilogue(y + r, activation, lo, hi)
+        residual = jnp.zeros((0,), jnp.float32) if r is None else r
+        i64 = np.int64
+        return jax.ffi.ffi_call(native.CONV_TARGET, out)(
+            x, w, b, residual, threads=i64(max(1, cx.options.native_threads)),
+            act=i64(ACTIVATIONS[activation]), lo=np.float32(lo), hi=np.float32(hi), kh=i64(kh),
+            kw=i64(kw), sh=i64(sh), sw=i64(sw), dh=i64(dh), dw=i64(dw), pt=i64(pt), pl=i64(pl))
+    hwio = jnp.transpose(w, (1, 0, 2)).reshape((w.shape[1], -1))[:, :n].reshape((kh, kw, c, n))
+    y = lax.conv_general_dilated(x, hwio.astype(x.dtype), (sh, sw), [(pt, pb), (pl, pr)],
+                                 rhs_dilation=(dh, dw),
+                                 dimension_numbers=("NHWC", "HWIO", "NHWC")) + b.astype(x.dtype)
+    if r is not None:
+        y = y + r.astype(y.dtype)
+    return _epilogue(y, activation, lo, hi)
+
+
+def _register_conv(residual: bool, activation: str) -> None:
+    name = op_type(residual, activation, "Conv")
+    if activation == "Clip":
+        if residual:
+            def fn(cx, x, w, b, r, lo, hi, *, kernel_shape=None, strides=None, pads=None,
+                   dilations=None):
+                return _conv(cx, x, w, b, r, "Clip", float(cx.static(lo)), float(cx.static(hi)),
+                             kernel_shape, strides, pads, dilations)
+        else:
+            def fn(cx, x, w, b, lo, hi, *, kernel_shape=None,  # type: ignore[misc]
+                   strides=None, pads=None, dilations=None):
+                return _conv(cx, x, w, b, None, "Clip", float(cx.static(lo)),
+                             float(cx.static(hi)), kernel_shape, strides, pads, dilations)
+        rule(name, since=1, domain=DOMAIN, static=("lo", "hi"))(fn)
+    elif residual:
+        def fn_r(cx, x, w, b, r, *, kernel_shape=None, strides=None, pads=None,
+                 dilations=None):
+            return _conv(cx, x, w, b, r, activation, 0.0, 0.0, kernel_shape, strides, pads,
+                         dilations)
+        rule(name, since=1, domain=DOMAIN)(fn_r)
+    else:
+        def fn_p(cx, x, w, b, *, kernel_shape=None, strides=None, pads=None,
+                 dilations=None):
+            return _conv(cx, x, w, b, None, activation, 0.0, 0.0, kernel_shape, strides, pads,
+                         dilations)
+        rule(name, since=1, domain=DOMAIN)(fn_p)
+
+
 def _register(residual: bool, activation: str) -> None:
     name = op_type(residual, activation)
     if activation == "Clip":
@@ -95,4 +175,5 @@ def _register(residual: bool, activation: str) -> None:
 for _residual in (False, True):
     for _activation in ACTIVATIONS:
         _register(_residual, _activation)
+        _register_conv(_residual, _activation)
 
