@@ -171,7 +171,7 @@ def compiler_options(device: Any, op_types: Iterable[str]) -> dict[str, Any]:
         return options
     pooled = cores() > 1 and not is_single_thread(device)
     # oxla.native::Gemm* and Conv* nodes are not XLA's products or convolutions (the plain ones'
-    # op types are "Gemm" and "Conv")
+    # op types are "Gemm" and "Conv"; Depthwise* is no op type XLA's counts know)
     convolutions = sum(counts[op] for op in CONVOLUTIONS) - counts[NATIVE_CONV]
     products = sum(counts[op] for op in PRODUCTS) - counts[NATIVE_GEMM]
     if convolutions and (not pooled or convolutions >= products):

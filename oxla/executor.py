@@ -34,7 +34,7 @@ from oxla.lowering.context import NeedStatic, Scope
 from oxla.lowering.interpreter import Interpreter
 from oxla.lowering.values import Value, is_static, to_static
 from oxla.lru import LRU, CacheInfo
-from oxla.native import CONV_TARGET, GEMM_TARGET
+from oxla.native import CONV_TARGET, DEPTHWISE_TARGET, GEMM_TARGET
 from oxla.params import ParamLayout
 from oxla.plan import Plan
 
@@ -445,24 +445,26 @@ def _cost(lowered: Any) -> tuple[float, float]:
             float(cost.get("bytes accessed", 0.0)))
 
 
-_NATIVE_CALL = re.compile(rf"custom_call @(?:{re.escape(GEMM_TARGET)}|{re.escape(CONV_TARGET)})\("
-                          r".*? : \(tensor<[0-9x]*xf32>, tensor<([0-9x]*)xf32>.*?"
-                          r"-> tensor<([0-9x]*)xf32>")
+_NATIVE_CALL = re.compile(
+    rf"custom_call @({re.escape(GEMM_TARGET)}|{re.escape(CONV_TARGET)}|{re.escape(DEPTHWISE_TARGET)})"
+    r"\(.*? : \(tensor<[0-9x]*xf32>, tensor<([0-9x]*)xf32>.*?-> tensor<([0-9x]*)xf32>")
 
 
 def _native_flops(lowered: Any) -> float:
-    """The flops of oxla's GEMM and convolution custom calls in a lowered computation (2 x Y's
-    size x K each, K read from the packed W's type), which XLA's cost analysis does not count."""
+    """The flops of oxla's native custom calls in a lowered computation, which XLA's cost
+    analysis does not count: 2 x Y's size x K for the GEMM and the convolution (K read from the
+    packed W's type, (P, K, 32)), 2 x Y's size x KH KW for the depthwise one (W (KH, KW, C))."""
     try:
         text = lowered.as_text()
     except Exception:  # no text: count nothing
         return 0.0
     total = 0.0
-    for w, y in _NATIVE_CALL.findall(text):
+    for target, w, y in _NATIVE_CALL.findall(text):
         dims_w = [int(d) for d in w.split("x") if d]
         dims_y = [int(d) for d in y.split("x") if d]
         if len(dims_w) == 3 and dims_y:
-            total += 2.0 * math.prod(dims_y) * dims_w[1]
+            k = dims_w[0] * dims_w[1] if target == DEPTHWISE_TARGET else dims_w[1]
+            total += 2.0 * math.prod(dims_y) * k
     return total
 
 

@@ -422,3 +422,157 @@ def test_executor_counts_the_conv_kernels_flops() -> None:
 
     lowered = jax.jit(f).lower(jnp.zeros((1, 56, 56, 32)), jnp.zeros((2, 288, 32)), jnp.zeros(64))
     assert _native_flops(lowered) == 2 * 28 * 28 * 64 * 288
+
+
+# --- depthwise convolutions (oxla_sdwconv, Depthwise* ops) ---------------------------------------
+
+def _dw_call(x, w, b, act, threads, strides, pads, dilations):
+    kh, kw, c = w.shape
+    oh = (x.shape[1] + pads[0] + pads[2] - dilations[0] * (kh - 1) - 1) // strides[0] + 1
+    ow = (x.shape[2] + pads[1] + pads[3] - dilations[1] * (kw - 1) - 1) // strides[1] + 1
+    out = jax.ShapeDtypeStruct((x.shape[0], oh, ow, c), jnp.float32)
+    i64 = np.int64
+
+    def f(x, w, b):
+        return jax.ffi.ffi_call(native.DEPTHWISE_TARGET, out)(
+            x, w, b, threads=i64(threads), act=i64(native_rule.ACTIVATIONS[act]),
+            lo=np.float32(-0.5), hi=np.float32(1.5), sh=i64(strides[0]), sw=i64(strides[1]),
+            dh=i64(dilations[0]), dw=i64(dilations[1]), pt=i64(pads[0]), pl=i64(pads[1]))
+
+    device = cpu_client.inline_device()
+    return np.asarray(jax.jit(f)(*[jax.device_put(a, device) for a in (x, w, b)]))
+
+
+def _dw_reference(x, w, b, act, strides, pads, dilations):
+    with jax.enable_x64(True):
+        y = np.asarray(jax.lax.conv_general_dilated(
+            jnp.asarray(x, jnp.float64), jnp.asarray(w[:, :, None, :], jnp.float64), strides,
+            [(pads[0], pads[2]), (pads[1], pads[3])], rhs_dilation=dilations,
+            dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=x.shape[-1]))
+    return _act((y + b).astype(np.float32), act, -0.5, 1.5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("case", [
+    # (N, H, W, C, KH, KW, strides, pads (t, l, b, r), dilations)
+    (1, 20, 21, 96, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),    # reused pixels, a tail of 5
+    (2, 17, 19, 40, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1)),    # strided, masked channels
+    (1, 14, 14, 24, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1)),
+    (1, 15, 30, 17, 5, 5, (2, 2), (2, 1, 2, 3), (1, 1)),    # uneven pads
+    (1, 7, 7, 33, 7, 7, (1, 1), (3, 3, 3, 3), (1, 1)),      # one block narrower than 8 pixels
+    (1, 13, 10, 32, 3, 3, (1, 1), (2, 2, 2, 2), (2, 2)),    # dilated: one load per tap
+    (1, 9, 12, 20, 3, 3, (3, 3), (0, 1, 2, 0), (1, 1)),     # stride 3
+    (1, 6, 8, 16, 3, 5, (1, 2), (0, 0, 0, 0), (1, 1)),      # no pads, KH != KW
+    (1, 2, 3, 8, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),       # X smaller than the kernel
+])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_depthwise_kernel_matches_float64(case: tuple, threads: int) -> None:
+    n, h, w, c, kh, kw, strides, pads, dilations = case
+    x = RNG.standard_normal((n, h, w, c)).astype(np.float32)
+    k = RNG.standard_normal((kh, kw, c)).astype(np.float32)
+    b = RNG.standard_normal(c).astype(np.float32)
+    got = _dw_call(x, k, b, "", threads, strides, pads, dilations)
+    want = _dw_reference(x, k, b, "", strides, pads, dilations)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * kh * kw)
+
+
+@needs_kernel
+@pytest.mark.parametrize("act", ["", "Relu", "Clip", "Silu", "HardSwish"])
+def test_depthwise_epilogues(act: str) -> None:
+    x = RNG.standard_normal((1, 12, 12, 48)).astype(np.float32)
+    k = (RNG.standard_normal((3, 3, 48)) / 3).astype(np.float32)
+    b = RNG.standard_normal(48).astype(np.float32)
+    for threads in (1, 2):
+        got = _dw_call(x, k, b, act, threads, (1, 1), (1, 1, 1, 1), (1, 1))
+        want = _dw_reference(x, k, b, act, (1, 1), (1, 1, 1, 1), (1, 1))
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def _dw_net(size: int = 24) -> onnx.ModelProto:
+    """Depthwise convolutions followed by Relu, Clip and nothing, one with a channel multiplier
+    of 2 (XLA's) and a grouped one (XLA's)."""
+    c = 32
+    inits = [numpy_helper.from_array(np.float32(0.0), "lo"), numpy_helper.from_array(np.float32(6.0), "hi")]
+
+    def conv(name: str, x: str, cin: int, cout: int, k: int, group: int, bias: bool = True, **attrs) -> onnx.NodeProto:
+        inits.append(numpy_helper.from_array(
+            (RNG.standard_normal((cout, cin // group, k, k)) / k).astype(np.float32), f"{name}_w"))
+        inputs = [x, f"{name}_w"]
+        if bias:
+            inits.append(numpy_helper.from_array(RNG.standard_normal(cout).astype(np.float32), f"{name}_b"))
+            inputs.append(f"{name}_b")
+        return helper.make_node("Conv", inputs, [name], kernel_shape=[k, k], group=group, **attrs)
+
+    nodes = [conv("a", "x", c, c, 3, c, pads=[1, 1, 1, 1]), helper.make_node("Relu", ["a"], ["a_r"]),
+             conv("b", "a_r", c, c, 5, c, bias=False, strides=[2, 2], pads=[2, 2, 2, 2]),
+             helper.make_node("Clip", ["b", "lo", "hi"], ["b_c"]),
+             conv("m", "b_c", c, 2 * c, 3, c, pads=[1, 1, 1, 1]),           # multiplier 2
+             conv("g", "m", 2 * c, 2 * c, 3, 4, pads=[1, 1, 1, 1]),         # 4 groups
+             conv("d", "g", 2 * c, 2 * c, 3, 2 * c, pads=[0, 1, 2, 1])]
+    half = size // 2
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, (1, c, size, size))],
+                              [helper.make_tensor_value_info("d", onnx.TensorProto.FLOAT, (1, 2 * c, half, half))],
+                              inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+@needs_kernel
+def test_depthwise_pass_agrees_with_onnxruntime(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native_gemm, "DEPTHWISE_MIN_FLOPS", 0.0)
+    model = _dw_net()
+    planned = _planned(model)
+    kinds = [n.op_type for n in planned.graph.node if n.domain == native_rule.DOMAIN]
+    assert kinds == ["DepthwiseRelu", "DepthwiseClip", "Depthwise"]
+    assert len([n for n in planned.graph.node if n.op_type == "Conv"]) == 2  # multiplier 2, groups
+    onnx.checker.check_model(planned)
+    x = RNG.standard_normal((1, 32, 24, 24)).astype(np.float32)
+    data = model.SerializeToString()
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    session = oxla.InferenceSession(data)
+    if cpu_client.cores() > 1:  # a session plans native kernels where it may use several cores
+        assert [n.op_type for n in session.compiled.plan.nodes if n.domain == native_rule.DOMAIN] == kinds
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
+    # the function bodies run in onnxruntime and in oxla
+    again = ort.InferenceSession(planned.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(again.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(oxla.CompiledModel(_planned(model))({"x": x})["d"]), want,
+                               rtol=1e-4, atol=1e-4)
+    # traced where the kernel cannot be used: the rule computes the same with XLA
+    fallback = oxla.InferenceSession(data)
+    monkeypatch.setattr(native, "available", lambda: False)
+    np.testing.assert_allclose(fallback.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
+
+
+@needs_kernel
+def test_small_depthwise_and_one_core_stay_xla() -> None:
+    # 2 * 144 * 32 * 9 flops at 12x12: under DEPTHWISE_MIN_FLOPS
+    assert not [n for n in _planned(_dw_net(24)).graph.node if n.domain == native_rule.DOMAIN]
+    assert [n for n in _planned(_dw_net(64)).graph.node if n.domain == native_rule.DOMAIN]
+    assert not [n for n in _planned(_dw_net(64), threads=0).graph.node if n.domain == native_rule.DOMAIN]
+
+
+@needs_kernel
+def test_depthwise_node_without_its_window_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native_gemm, "DEPTHWISE_MIN_FLOPS", 0.0)
+    planned = _planned(_dw_net())
+    del planned.functions[:]
+    node = next(n for n in planned.graph.node if n.op_type == "DepthwiseRelu")
+    del node.attribute[:]
+    with pytest.raises(oxla.OxlaError, match="DepthwiseRelu.*needs a .KH, KW, C. kernel"):
+        oxla.CompiledModel(planned)({"x": RNG.standard_normal((1, 32, 24, 24)).astype(np.float32)})
+
+
+@needs_kernel
+def test_executor_counts_the_depthwise_kernels_flops() -> None:
+    from oxla.executor import _native_flops
+
+    def f(x, w, b):
+        out = jax.ShapeDtypeStruct((1, 28, 28, 96), jnp.float32)
+        i64 = np.int64
+        return jax.ffi.ffi_call(native.DEPTHWISE_TARGET, out)(
+            x, w, b, threads=i64(2), act=i64(0), lo=np.float32(0), hi=np.float32(0), sh=i64(2),
+            sw=i64(2), dh=i64(1), dw=i64(1), pt=i64(1), pl=i64(1)) + 1
+
+    lowered = jax.jit(f).lower(jnp.zeros((1, 56, 56, 96)), jnp.zeros((3, 3, 96)), jnp.zeros(96))
+    assert _native_flops(lowered) == 2 * 28 * 28 * 96 * 9

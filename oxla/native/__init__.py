@@ -34,6 +34,7 @@ FLAGS = ("-O3", "-std=c++20", "-mavx512f", "-mavx512vl", "-mfma", "-fPIC", "-sha
 NR = 32  # columns per packed panel; kernels.cc's NR
 GEMM_TARGET = "oxla_sgemm"
 CONV_TARGET = "oxla_sconv"
+DEPTHWISE_TARGET = "oxla_sdwconv"
 
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}
@@ -90,6 +91,8 @@ def _load() -> None:
     lib = ctypes.CDLL(str(_build()))
     jax.ffi.register_ffi_target(GEMM_TARGET, jax.ffi.pycapsule(lib.OxlaSgemm), platform="cpu")
     jax.ffi.register_ffi_target(CONV_TARGET, jax.ffi.pycapsule(lib.OxlaSconv), platform="cpu")
+    jax.ffi.register_ffi_target(DEPTHWISE_TARGET, jax.ffi.pycapsule(lib.OxlaSdwconv),
+                                platform="cpu")
     _STATE["lib"] = lib
 
 

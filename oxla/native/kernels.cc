@@ -1,6 +1,4 @@
-// oxla's float32 GEMM and convolution for XLA:CPU, reached through XLA FFI custom calls
-// ("oxla_sgemm", "oxla_sconv": the convolution as an implicit GEMM on the same micro-tiles, see
-// its section below).
+// oxla's float32 GEMM for XLA:CPU, reached through an XLA FFI custom call ("oxla_sgemm").
 //
 // Y[..., N] = act(X[..., K] * W[K, N] + bias[N] (+ R[..., N])), W packed once at plan time into
 // panels of 32 columns, (ceil(N / 32), K, 32), zero padded (`pack` in oxla/native/__init__.py);
@@ -23,6 +21,7 @@
 #include <cstdint>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -543,6 +542,177 @@ ffi::Error Sconv(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi:
   return ffi::Error::Success();
 }
 
+// ---- Depthwise convolution, channels last (one output channel per input channel) -----------
+//
+// Y[n, oh, ow, c] = act(bias[c] + sum_{i, j} X[n, oh*sh - pt + i*dh, ow*sw - pl + j*dw, c]
+//                                        * W[i, j, c]), taps outside X reading zero.
+// 16 channels x DW_P output pixels of a row at a time (DW_P accumulators). Where a block's taps lie
+// inside X's row and the kernel width and stride are ones it was compiled for, each input pixel
+// of a kernel row is loaded once and feeds every tap that reads it (3x3 stride 1: 10 loads for 24
+// multiply-adds, against one load per multiply-add); elsewhere (borders, other windows) one load
+// per tap, taps outside X skipped. Work items are (image row, 16 channels), claimed in parts.
+
+struct DwJob {
+  const float* X;
+  const float* W;  // (KH, KW, C)
+  const float* bias;
+  float* Y;
+  int64_t N, H, Wd, C, OH, OW, KH, KW, sh, sw, dh, dw, pt, pl;
+  int64_t cblocks, items;
+  int64_t act;
+  float lo, hi;
+};
+
+constexpr int DW_P = 8;  // output pixels per block
+
+// DW_P output pixels from ow0 (the first P stored), each input pixel of a kernel row loaded once;
+// CHECK: some of them lie outside X's row (they read zero).
+template <int KW_, int SW_, int64_t ACT, bool CHECK>
+inline void dw_fast(const DwJob& j, const float* xn, int64_t oh, int64_t ow0, int64_t c,
+                    __mmask16 m, float* y, int P) {
+  constexpr int L = (DW_P - 1) * SW_ + KW_;  // input pixels one kernel row reads
+  __m512 b = _mm512_maskz_loadu_ps(m, j.bias + c);
+  __m512 acc[DW_P];
+#pragma GCC unroll 8
+  for (int p = 0; p < DW_P; ++p) acc[p] = b;
+  int64_t iw0 = ow0 * SW_ - j.pl;
+  for (int64_t a = 0; a < j.KH; ++a) {
+    int64_t ih = oh * j.sh - j.pt + a * j.dh;
+    if (ih < 0 || ih >= j.H) continue;
+    const float* xr = xn + ih * j.Wd * j.C + c;
+    __m512 w[KW_];
+#pragma GCC unroll 8
+    for (int t = 0; t < KW_; ++t) w[t] = _mm512_maskz_loadu_ps(m, j.W + (a * KW_ + t) * j.C + c);
+#pragma GCC unroll 32
+    for (int i = 0; i < L; ++i) {
+      int64_t iw = iw0 + i;
+      __m512 v = !CHECK || (iw >= 0 && iw < j.Wd) ? _mm512_maskz_loadu_ps(m, xr + iw * j.C)
+                                                  : _mm512_setzero_ps();
+#pragma GCC unroll 8
+      for (int t = 0; t < KW_; ++t) {
+        int q = i - t;
+        if (q >= 0 && q % SW_ == 0 && q / SW_ < DW_P)
+          acc[q / SW_] = _mm512_fmadd_ps(v, w[t], acc[q / SW_]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int p = 0; p < DW_P; ++p)
+    if (p < P) _mm512_mask_storeu_ps(y + p * j.C, m, activate<ACT>(acc[p], j.lo, j.hi));
+}
+
+// P output pixels from ow, one load per tap; CHECK: some taps fall outside X's row.
+template <int64_t ACT, int P, bool CHECK>
+inline void dw_block(const DwJob& j, const float* xn, int64_t oh, int64_t ow, int64_t c,
+                     __mmask16 m, float* y) {
+  __m512 b = _mm512_maskz_loadu_ps(m, j.bias + c);
+  __m512 acc[P];
+#pragma GCC unroll 8
+  for (int p = 0; p < P; ++p) acc[p] = b;
+  for (int64_t a = 0; a < j.KH; ++a) {
+    int64_t ih = oh * j.sh - j.pt + a * j.dh;
+    if (ih < 0 || ih >= j.H) continue;
+    const float* xr = xn + ih * j.Wd * j.C + c;
+    for (int64_t t = 0; t < j.KW; ++t) {
+      __m512 w = _mm512_maskz_loadu_ps(m, j.W + (a * j.KW + t) * j.C + c);
+      int64_t iw0 = ow * j.sw - j.pl + t * j.dw;
+#pragma GCC unroll 8
+      for (int p = 0; p < P; ++p) {
+        int64_t iw = iw0 + p * j.sw;
+        if (CHECK && (iw < 0 || iw >= j.Wd)) continue;
+        acc[p] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, xr + iw * j.C), w, acc[p]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int p = 0; p < P; ++p)
+    _mm512_mask_storeu_ps(y + p * j.C, m, activate<ACT>(acc[p], j.lo, j.hi));
+}
+
+using DwFast = void (*)(const DwJob&, const float*, int64_t, int64_t, int64_t, __mmask16, float*,
+                       int);
+
+// The compiled kernel rows for this window ([0]: inside X, [1]: checked), or nulls.
+template <int64_t ACT>
+std::pair<DwFast, DwFast> dw_fast_for(const DwJob& j) {
+  if (j.dw != 1) return {nullptr, nullptr};
+#define OXLA_DW(K, S) \
+  if (j.KW == K && j.sw == S) return {dw_fast<K, S, ACT, false>, dw_fast<K, S, ACT, true>};
+  OXLA_DW(3, 1) OXLA_DW(3, 2) OXLA_DW(5, 1) OXLA_DW(5, 2) OXLA_DW(7, 1) OXLA_DW(7, 2)
+#undef OXLA_DW
+  return {nullptr, nullptr};
+}
+
+template <int64_t ACT>
+void dw_items(const DwJob& j, int64_t i0, int64_t i1) {
+  auto [fast, checked] = dw_fast_for<ACT>(j);
+  for (int64_t it = i0; it < i1; ++it) {
+    int64_t r = it / j.cblocks, c = (it % j.cblocks) * 16;
+    int64_t n = r / j.OH, oh = r % j.OH;
+    const float* xn = j.X + n * j.H * j.Wd * j.C;
+    float* yrow = j.Y + r * j.OW * j.C;
+    __mmask16 m = j.C - c >= 16 ? 0xFFFF : (__mmask16)((1u << (j.C - c)) - 1);
+    for (int64_t ow = 0; ow < j.OW; ow += DW_P) {
+      int p = (int)(j.OW - ow < DW_P ? j.OW - ow : DW_P);
+      float* y = yrow + ow * j.C + c;
+      // the taps of all DW_P pixels (those past OW too: the fast rows compute them) inside X
+      bool inside = ow * j.sw - j.pl >= 0 &&
+                    (ow + DW_P - 1) * j.sw - j.pl + (j.KW - 1) * j.dw < j.Wd;
+      if (fast && inside) fast(j, xn, oh, ow, c, m, y, p);
+      else if (fast) checked(j, xn, oh, ow, c, m, y, p);
+      else if (p == DW_P && inside) dw_block<ACT, DW_P, false>(j, xn, oh, ow, c, m, y);
+      else if (p == DW_P) dw_block<ACT, DW_P, true>(j, xn, oh, ow, c, m, y);
+      else
+        for (int q = 0; q < p; ++q) dw_block<ACT, 1, true>(j, xn, oh, ow + q, c, m, y + q * j.C);
+    }
+  }
+}
+
+void dw_part(const void* ctx, int part, int parts) {
+  const DwJob& j = *static_cast<const DwJob*>(ctx);
+  int64_t i0 = j.items * part / parts, i1 = j.items * (part + 1) / parts;
+  switch (j.act) {
+    case RELU: dw_items<RELU>(j, i0, i1); break;
+    case CLIP: dw_items<CLIP>(j, i0, i1); break;
+    case SILU: dw_items<SILU>(j, i0, i1); break;
+    case HARD_SWISH: dw_items<HARD_SWISH>(j, i0, i1); break;
+    default: dw_items<NONE>(j, i0, i1); break;
+  }
+}
+
+ffi::Error Sdwconv(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+                   ffi::Buffer<ffi::F32> bias, ffi::ResultBuffer<ffi::F32> y, int64_t threads,
+                   int64_t act, float lo, float hi, int64_t sh, int64_t sw, int64_t dh,
+                   int64_t dw, int64_t pt, int64_t pl) {
+  auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
+  if (xd.size() != 4 || wd.size() != 3 || yd.size() != 4 || xd[0] != yd[0] || xd[3] != yd[3] ||
+      wd[2] != xd[3])
+    return ffi::Error::InvalidArgument("oxla_sdwconv: operand shapes");
+  if (sh < 1 || sw < 1 || dh < 1 || dw < 1 || pt < 0 || pl < 0 || wd[0] < 1 || wd[1] < 1)
+    return ffi::Error::InvalidArgument("oxla_sdwconv: window");
+  if ((int64_t)bias.element_count() != xd[3])
+    return ffi::Error::InvalidArgument("oxla_sdwconv: bias length");
+  if (act < NONE || act > HARD_SWISH) return ffi::Error::InvalidArgument("oxla_sdwconv: act");
+  DwJob j;
+  j.N = xd[0]; j.H = xd[1]; j.Wd = xd[2]; j.C = xd[3];
+  j.OH = yd[1]; j.OW = yd[2];
+  j.KH = wd[0]; j.KW = wd[1];
+  j.sh = sh; j.sw = sw; j.dh = dh; j.dw = dw; j.pt = pt; j.pl = pl;
+  j.cblocks = (j.C + 15) / 16;
+  j.items = j.N * j.OH * j.cblocks;
+  if (j.items == 0 || j.OW == 0) return ffi::Error::Success();
+  j.X = x.typed_data();
+  j.W = w.typed_data();
+  j.bias = bias.typed_data();
+  j.Y = y->typed_data();
+  j.act = act;
+  j.lo = lo;
+  j.hi = hi;
+  double flops = 2.0 * (double)(j.items * 16 * j.OW) * (double)(j.KH * j.KW);
+  parallel(dw_part, &j, usable(threads, pool), flops >= 4e5, pool);
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(OxlaSgemm, Sgemm,
@@ -572,6 +742,24 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(OxlaSconv, Sconv,
                                   .Attr<float>("hi")
                                   .Attr<int64_t>("kh")
                                   .Attr<int64_t>("kw")
+                                  .Attr<int64_t>("sh")
+                                  .Attr<int64_t>("sw")
+                                  .Attr<int64_t>("dh")
+                                  .Attr<int64_t>("dw")
+                                  .Attr<int64_t>("pt")
+                                  .Attr<int64_t>("pl"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(OxlaSdwconv, Sdwconv,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // X (N, H, W, C)
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // W (KH, KW, C)
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // bias (C,)
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // Y (N, OH, OW, C)
+                                  .Attr<int64_t>("threads")
+                                  .Attr<int64_t>("act")
+                                  .Attr<float>("lo")
+                                  .Attr<float>("hi")
                                   .Attr<int64_t>("sh")
                                   .Attr<int64_t>("sw")
                                   .Attr<int64_t>("dh")

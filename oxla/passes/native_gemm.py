@@ -21,6 +21,12 @@ padded 1x1 convolutions (PadAheadPass's producers, whose border XLA fuses into t
 Winograd layers (WinogradPass, before this pass) stay Winograd: with them made native instead,
 ResNet-50 and the DBNet-style segmenter ran slower.
 
+`depthwise_to_native`, which the planner runs before PadAheadPass, makes depthwise convolutions
+(group = channels, one output channel each, constant float32 kernel, 2-D, explicit pads) of at
+least DEPTHWISE_MIN_FLOPS `oxla.native::Depthwise*` nodes, the activation after them folded: the
+kernel reads X unpadded and reuses each loaded pixel across a kernel row's taps, on the caller and
+the pool's threads, where XLA's fused taps loop gains nothing from the second core.
+
 Why (docs/benchmarks.md, ninth round): the kernel splits each product into parts that the
 caller and the intra-op pool's threads claim, where XLA:CPU's dots gain little from the second
 core, and the epilogue saves a pass over the output. Products by constant matrices in
@@ -71,6 +77,13 @@ MIN_FLOPS = 2e7
 # Convolutions other than 1x1 (group 1, 2-D) run on the kernel's implicit-GEMM form too.
 CONVS = True
 WINDOW = ("kernel_shape", "strides", "pads", "dilations")  # a Conv* node's attributes
+# Depthwise convolutions known to be smaller stay XLA's (2 x output pixels x channels x taps):
+# an FFI call costs ~2.5 us. Both orders in one process, default threads, against none native:
+# EfficientNet-B0 (15 layers) 7.14 -> 6.83 and 7.12 -> 6.74 ms, the detector (4) 3.30 -> 3.20 and
+# 3.40 -> 3.26, MobileNetV3-small (8) 1.62 -> 1.63 and 1.60 -> 1.64; with 3e6 the detector's 3
+# largest alone ran slower (3.31 -> 3.43), EfficientNet-B0's 8 gained less.
+DEPTHWISE_MIN_FLOPS = 1e6
+DEPTHWISE = True
 # A squeeze-excitation branch (1x1 convolutions on a globally pooled image: one row per image)
 # stays XLA's whatever shape inference finds: matrix-vector products, which XLA fuses with their
 # neighbours, where an FFI call alone costs ~2.5 us (XLA's small dot and its activation: 0.5 us).
@@ -202,11 +215,12 @@ def _fold(g: _Graph, y: str) -> _Fold:
     return fold
 
 
-def _window(node: NodeProto, kernel: tuple[int, ...]) -> dict[str, list[int]] | None:
-    """The 2-D window of a group-1 Conv with explicit (or VALID) pads, as the Conv* op's
+def _window(node: NodeProto, kernel: tuple[int, ...], group: int = 1
+            ) -> dict[str, list[int]] | None:
+    """The 2-D window of a Conv of this group with explicit (or VALID) pads, as the Conv* op's
     attributes, or None."""
     attrs = {a.name: attribute_value(a) for a in node.attribute}
-    if len(kernel) != 2 or attrs.get("group", 1) != 1 \
+    if len(kernel) != 2 or attrs.get("group", 1) != group \
             or attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "", "VALID") \
             or list(attrs.get("kernel_shape", kernel)) != list(kernel):
         return None
@@ -237,11 +251,8 @@ def _product(node: NodeProto, producers: dict[str, NodeProto], inits: dict[str, 
         if window is None or not CONVS or (hwio.shape[:2] == (1, 1) and any(window["pads"])) \
                 or (hwio.shape[2] <= STEM_CHANNELS and hwio[..., 0].size <= STEM_TAPS_TERMS):
             return None
-    bias = node.input[2] if len(node.input) > 2 else ""
-    if bias and bias not in inits:
-        return None
-    b = tensor_value(bias, lambda: numpy_helper.to_array(inits[bias])) if bias else None
-    if b is not None and (b.dtype != np.float32 or b.shape != (hwio.shape[3],)):
+    plain, b = _bias(node, inits, hwio.shape[3])
+    if not plain:
         return None
     return hwio.reshape((-1, hwio.shape[3])), names, b, window
 
@@ -299,8 +310,93 @@ def convs_to_native(model: ModelProto) -> int:
             moved[id(fold.absorbed[-1])] = node
             removed.add(id(node))
         count += 1
-    if not count:
+    if count:
+        _finish(model, opsets, removed, moved)
+    return count
+
+
+def _bias(node: NodeProto, inits: dict[str, TensorProto], n: int) -> tuple[bool, np.ndarray | None]:
+    """Whether a Conv's bias is absent or a constant (n,) float32 one, and that bias (None where
+    there is none)."""
+    name = node.input[2] if len(node.input) > 2 else ""
+    if not name:
+        return True, None
+    if name not in inits:
+        return False, None
+    b = tensor_value(name, lambda: numpy_helper.to_array(inits[name]))
+    return b.dtype == np.float32 and b.shape == (n,), b
+
+
+def _depthwise(node: NodeProto, producers: dict[str, NodeProto], inits: dict[str, TensorProto]
+               ) -> tuple[np.ndarray, np.ndarray | None, dict[str, list[int]]] | None:
+    """(W as (KH, KW, C) float32, the (C,) bias or None, the window with the group) of a
+    channels-last depthwise Conv (one output channel per input channel) the kernel can run."""
+    if not (node.op_type == "Conv" and node.domain == LAST and len(node.input) >= 2):
+        return None
+    found = conv_hwio(node, producers, inits)
+    if found is None or found[0].ndim != 4 or found[0].dtype != np.float32:
+        return None
+    kh, kw, one, c = found[0].shape
+    window = _window(node, (kh, kw), group=c) if one == 1 and c > 1 else None
+    plain, b = _bias(node, inits, c)
+    if window is None or not plain:
+        return None
+    del window["kernel_shape"]  # W's shape
+    return np.ascontiguousarray(found[0][:, :, 0, :]), b, {**window, "group": [c]}
+
+
+def depthwise_to_native(model: ModelProto) -> int:
+    """Rewrite the eligible depthwise convolutions of the main graph (`DEPTHWISE`); returns how
+    many."""
+    opsets = model_opsets(model.opset_import)
+    if opsets.get("", 1) < MIN_OPSET:
         return 0
+    graph = model.graph
+    fed = {i.name for i in graph.input}
+    inits = {t.name: t for t in graph.initializer if t.name not in fed}
+    producers = {o: n for n in graph.node for o in n.output}
+    candidates = [(node, *found) for node in graph.node
+                  if DEPTHWISE and (found := _depthwise(node, producers, inits)) is not None]
+    if not candidates:
+        return 0
+    rows = _known_rows(model)
+    candidates = [c for c in candidates
+                  if 2 * rows.get(c[0].output[0], 1) * c[1].size >= DEPTHWISE_MIN_FLOPS]
+    if not candidates or not native.available():
+        return 0
+    g = _Graph(model, inits)
+    removed: set[int] = set()
+    moved: dict[int, NodeProto] = {}
+    for node, kernel, b, window in candidates:
+        fold = _Fold(output=node.output[0])
+        _activation(g, node.output[0], fold)
+        w_name, bias_name = f"{node.output[0]}{SUFFIX}", f"{node.output[0]}{BIAS_SUFFIX}"
+        graph.initializer.append(numpy_helper.from_array(kernel, w_name))
+        graph.initializer.append(numpy_helper.from_array(
+            np.zeros(kernel.shape[2], np.float32) if b is None else b, bias_name))
+        inputs = [node.input[0], w_name, bias_name, *(fold.bounds or ())]
+        del node.input[:]
+        node.input.extend(inputs)
+        node.output[0] = fold.output
+        node.domain = DOMAIN
+        node.op_type = "Depthwise" + fold.activation
+        del node.attribute[:]
+        node.attribute.extend(helper.make_attribute(k, v if k != "group" else v[0])
+                              for k, v in window.items())
+        if fold.absorbed:
+            removed.update(id(n) for n in fold.absorbed)
+            g.taken.update(id(n) for n in fold.absorbed)
+            moved[id(fold.absorbed[-1])] = node
+            removed.add(id(node))
+    _finish(model, opsets, removed, moved)
+    return len(candidates)
+
+
+def _finish(model: ModelProto, opsets: dict[str, int], removed: set[int],
+            moved: dict[int, NodeProto]) -> None:
+    """Nodes that absorbed their readers move to the last one's place; then the unread
+    initializers go, and the domain and the ops' function bodies are declared."""
+    graph = model.graph
     kept = []
     for n in graph.node:
         if id(n) in moved:
@@ -312,12 +408,12 @@ def convs_to_native(model: ModelProto) -> int:
     _drop_unread(model)
     if DOMAIN not in opsets:
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+        opsets[DOMAIN] = 1
     have = {(f.domain, f.name) for f in model.functions}
     for t in sorted({n.op_type for n in graph.node if n.domain == DOMAIN}):
         if (DOMAIN, t) not in have:
             model.functions.append(_body(t, opsets[""]))
     model.ir_version = max(model.ir_version, 8)
-    return count
 
 
 def _drop_unread(model: ModelProto) -> None:
@@ -341,6 +437,8 @@ def _body(name: str, opset: int) -> FunctionProto:
     """The op as standard ONNX: W unpacked to (K, N), N being B's length, then MatMul and Add
     (Gemm*) or, X and Y moved channels first around it, Conv with the node's window (Conv*), then
     what the op type names."""
+    if name.startswith("Depthwise"):
+        return _depthwise_body(name, opset)
     base = name[:4]
     residual = name[4:].startswith("Add")
     activation = name[len(base) + (3 if residual else 0):]
@@ -368,10 +466,8 @@ def _body(name: str, opset: int) -> FunctionProto:
         hw = helper.make_node("Constant", [], ["hw"])
         hw.attribute.append(helper.make_attribute_ref("value_ints", AttributeProto.INTS))
         hw.attribute[0].ref_attr_name = "kernel_shape"
-        conv = helper.make_node("Conv", ["X_first", "W_oihw", "B"], ["Y_first"])
-        for a in attributes:
-            conv.attribute.append(helper.make_attribute_ref(a, AttributeProto.INTS))
-            conv.attribute[-1].ref_attr_name = a
+        conv = _ref(helper.make_node("Conv", ["X_first", "W_oihw", "B"], ["Y_first"]),
+                    *attributes)
         nodes += [
             hw,
             helper.make_node("Constant", [], ["rest"],
@@ -385,17 +481,54 @@ def _body(name: str, opset: int) -> FunctionProto:
         ]
     if residual:
         nodes.append(helper.make_node("Add", ["Z", "R"], ["A"]))
-    if activation == "":
-        nodes.append(helper.make_node("Identity", ["A"], ["Y"]))
-    elif activation == "Silu":
-        nodes += [helper.make_node("Sigmoid", ["A"], ["S"]),
-                  helper.make_node("Mul", ["A", "S"], ["Y"])]
-    elif activation == "Clip":
-        nodes.append(helper.make_node("Clip", ["A", "lo", "hi"], ["Y"]))
-    elif activation == "HardSwish" and opset < 14:
-        nodes += [helper.make_node("HardSigmoid", ["A"], ["S"], alpha=1 / 6, beta=0.5),
-                  helper.make_node("Mul", ["A", "S"], ["Y"])]
-    else:
-        nodes.append(helper.make_node(activation, ["A"], ["Y"]))
+    nodes += _activation_nodes(activation, opset)
     return helper.make_function(DOMAIN, name, list(inputs), ["Y"], nodes,
                                 [helper.make_opsetid("", opset)], attributes=attributes)
+
+
+def _activation_nodes(activation: str, opset: int) -> list[NodeProto]:
+    """Y = activation(A), lo and hi being Clip's bounds."""
+    if activation == "":
+        return [helper.make_node("Identity", ["A"], ["Y"])]
+    if activation == "Silu":
+        return [helper.make_node("Sigmoid", ["A"], ["S"]), helper.make_node("Mul", ["A", "S"], ["Y"])]
+    if activation == "Clip":
+        return [helper.make_node("Clip", ["A", "lo", "hi"], ["Y"])]
+    if activation == "HardSwish" and opset < 14:
+        return [helper.make_node("HardSigmoid", ["A"], ["S"], alpha=1 / 6, beta=0.5),
+                helper.make_node("Mul", ["A", "S"], ["Y"])]
+    return [helper.make_node(activation, ["A"], ["Y"])]
+
+
+def _ref(node: NodeProto, *names: str) -> NodeProto:
+    """`node` with INTS attributes that take the function's attributes of the same names."""
+    for a in names:
+        node.attribute.append(helper.make_attribute_ref(a, AttributeProto.INTS))
+        node.attribute[-1].ref_attr_name = a
+    return node
+
+
+def _depthwise_body(name: str, opset: int) -> FunctionProto:
+    """Depthwise*: W (KH, KW, C) as (C, 1, KH, KW), X and Y moved channels first around the
+    standard Conv with the node's window and group, then the activation."""
+    activation = name[len("Depthwise"):]
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"no body for oxla.native::{name}")
+    conv = _ref(helper.make_node("Conv", ["X_first", "W_oihw", "B"], ["Y_first"]),
+                "strides", "pads", "dilations")
+    conv.attribute.append(helper.make_attribute_ref("group", AttributeProto.INT))
+    conv.attribute[-1].ref_attr_name = "group"
+    nodes = [
+        helper.make_node("Constant", [], ["hw1c"],
+                         value=helper.make_tensor("hw1c", TensorProto.INT64, [4], [0, 0, 1, -1])),
+        helper.make_node("Reshape", ["W", "hw1c"], ["W_hwio"]),                  # (KH, KW, 1, C)
+        helper.make_node("Transpose", ["W_hwio"], ["W_oihw"], perm=[3, 2, 0, 1]),
+        helper.make_node("Transpose", ["X"], ["X_first"], perm=[0, 3, 1, 2]),
+        conv,
+        helper.make_node("Transpose", ["Y_first"], ["A"], perm=[0, 2, 3, 1]),
+        *_activation_nodes(activation, opset),
+    ]
+    inputs = ["X", "W", "B", *(["lo", "hi"] if activation == "Clip" else [])]
+    return helper.make_function(DOMAIN, name, inputs, ["Y"], nodes,
+                                [helper.make_opsetid("", opset)],
+                                attributes=["strides", "pads", "dilations", "group"])

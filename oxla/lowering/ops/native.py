@@ -15,6 +15,10 @@ the same with XLA. A planned model loaded again runs the ops' model-local functi
 Conv* (Conv, ConvRelu, ConvAddRelu, ...) is the same for a 2-D convolution of a channels-last X
 (N, H, W, C) with group 1: W is the (KH, KW, C, M) kernel as (KH KW C, M), packed alike, and the
 node carries kernel_shape, strides, pads and dilations as ONNX's Conv does (all explicit).
+
+Depthwise* (Depthwise, DepthwiseRelu, ...) is a 2-D depthwise convolution (group = channels, one
+output channel each) of a channels-last X: W is (KH, KW, C), B (C,), the node carries strides,
+pads, dilations and group (= C, for its function body) as ONNX's Conv does.
 """
 
 from __future__ import annotations
@@ -154,6 +158,51 @@ def _register_conv(residual: bool, activation: str) -> None:
         rule(name, since=1, domain=DOMAIN)(fn_p)
 
 
+def _depthwise(cx, x, w, b, activation: str, lo: float, hi: float, strides, pads, dilations):
+    window = (strides, pads, dilations)
+    if any(a is None for a in window) or [len(a) for a in window] != [2, 4, 2] or w.ndim != 3:
+        raise cx.fail("needs a (KH, KW, C) kernel and 2-D strides, pads and dilations attributes, "
+                      "all given (DepthwisePass writes them); this node was not made by oxla's "
+                      "planner")
+    kh, kw, c = (int(v) for v in w.shape)
+    sh, sw = (int(v) for v in strides)
+    dh, dw = (int(v) for v in dilations)
+    pt, pl, pb, pr = (int(v) for v in pads)
+    if x.ndim != 4 or x.shape[-1] != c or b.shape != (c,):
+        raise cx.shape_error(f"X {tuple(x.shape)} is not (N, H, W, {c}) as the depthwise kernel "
+                             f"reads; check the model's Conv input")
+    oh = (x.shape[1] + pt + pb - dh * (kh - 1) - 1) // sh + 1
+    ow = (x.shape[2] + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    if oh < 1 or ow < 1:
+        raise cx.shape_error(f"X {tuple(x.shape)} is smaller than the {kh}x{kw} kernel's "
+                             f"window (pads {list(pads)}, dilations {list(dilations)})")
+    if x.dtype == jnp.float32 and native.available():
+        i64 = np.int64
+        out = jax.ShapeDtypeStruct((x.shape[0], oh, ow, c), jnp.float32)
+        return jax.ffi.ffi_call(native.DEPTHWISE_TARGET, out)(
+            x, w, b, threads=i64(max(1, cx.options.native_threads)),
+            act=i64(ACTIVATIONS[activation]), lo=np.float32(lo), hi=np.float32(hi), sh=i64(sh),
+            sw=i64(sw), dh=i64(dh), dw=i64(dw), pt=i64(pt), pl=i64(pl))
+    y = lax.conv_general_dilated(x, w.astype(x.dtype)[:, :, None, :], (sh, sw),
+                                 [(pt, pb), (pl, pr)], rhs_dilation=(dh, dw),
+                                 dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                 feature_group_count=c) + b.astype(x.dtype)
+    return _epilogue(y, activation, lo, hi)
+
+
+def _register_depthwise(activation: str) -> None:
+    name = "Depthwise" + activation
+    if activation == "Clip":
+        def fn(cx, x, w, b, lo, hi, *, strides=None, pads=None, dilations=None, group=None):
+            return _depthwise(cx, x, w, b, "Clip", float(cx.static(lo)), float(cx.static(hi)),
+                              strides, pads, dilations)
+        rule(name, since=1, domain=DOMAIN, static=("lo", "hi"))(fn)
+    else:
+        def fn_p(cx, x, w, b, *, strides=None, pads=None, dilations=None, group=None):
+            return _depthwise(cx, x, w, b, activation, 0.0, 0.0, strides, pads, dilations)
+        rule(name, since=1, domain=DOMAIN)(fn_p)
+
+
 def _register(residual: bool, activation: str) -> None:
     name = op_type(residual, activation)
     if activation == "Clip":
@@ -176,4 +225,6 @@ for _residual in (False, True):
     for _activation in ACTIVATIONS:
         _register(_residual, _activation)
         _register_conv(_residual, _activation)
+for _activation in ACTIVATIONS:
+    _register_depthwise(_activation)
 
