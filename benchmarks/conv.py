@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
 import shutil
 import statistics
@@ -38,9 +39,10 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from benchmarks.run import write_results
+from oxla import native
 
 FORMS = ("native", "taps", "taps_flat", "dot", "split", "native_last", "taps_last", "dot_last",
-         "stem_taps_last")
+         "stem_taps_last", "native_dw_last")
 # ConvTranspose rows: XLA's lhs-dilated convolution (what conv.py does unless kernel == stride) and
 # conv_forms.transposed_dot channels first and last
 TRANSPOSED_FORMS = ("dilated", "transposed_dot", "transposed_dot_last")
@@ -170,7 +172,29 @@ def _forms(s: Shape) -> list[str]:
         out += ["dot_last"]
     if s.group == 1 and s.c <= F.STEM_CHANNELS and s.c * s.k * s.k <= F.STEM_TAPS_TERMS:
         out += ["stem_taps_last"]
+    if s.c == s.group == s.m and native.available():
+        out += ["native_dw_last"]
     return out
+
+
+def _native_dw_last(s: Shape, threads: int) -> Callable[..., Any]:
+    """oxla's native depthwise kernel (oxla/native/kernels.cc) on channels-last X and W stored
+    HWIO, on the cores a session gives it: all at default threads, one at --threads 1."""
+    import jax
+
+    from oxla.cpu_client import cores
+    from oxla.lowering.ops import conv_forms as F
+    from oxla.lowering.ops import native as rule
+
+    k, p = s.k, s.k // 2
+    out = F.out_sizes((s.size,) * 2, [(p, p)] * 2, (k, k), (s.stride,) * 2, (1, 1))
+    zeros = np.zeros(s.c, np.float32)
+
+    def form(x: Any, h: Any) -> Any:
+        return rule.depthwise(x, h.reshape((k, k, s.c)), zeros, tuple(out), (s.stride,) * 2,
+                              (p, p), (1, 1), 1 if threads == 1 else cores())
+
+    return jax.jit(form)
 
 
 # wall: time.perf_counter; cpu: this process's CPU time (all its threads), which other processes
@@ -219,6 +243,10 @@ def _candidates(s: Shape, x: np.ndarray, w: np.ndarray, threads: int) -> dict[st
     xl = jax.numpy.asarray(np.ascontiguousarray(np.moveaxis(x, 1, -1)))
     wh = jax.numpy.asarray(np.ascontiguousarray(w.transpose(2, 3, 1, 0)))
     for name in _forms(s):
+        if name == "native_dw_last":
+            f = _native_dw_last(s, threads)
+            calls[name] = lambda f=f: f(xl, wh).block_until_ready()
+            continue
         form = _transposed_form(name, s) if s.kind == "transposed" else functools.partial(
             getattr(F, name), strides=(s.stride,) * 2, padding=[(s.k // 2,) * 2] * 2,
             dilations=(1, 1), group=s.group)
@@ -251,14 +279,23 @@ def _transposed_form(name: str, s: Shape) -> Callable[..., Any]:
     return dilated
 
 
-def _chosen(s: Shape, w_shape: tuple[int, ...]) -> tuple[str, str]:
-    """The forms Conv (channels first, channels last) takes for this shape."""
+def _chosen(s: Shape, w_shape: tuple[int, ...], threads: int) -> tuple[str, str]:
+    """The forms Conv (channels first, channels last) takes for this shape: channels last, a
+    session that may use several cores runs a depthwise convolution of at least
+    DEPTHWISE_MIN_FLOPS on the native kernel (oxla.passes.native_gemm.depthwise_to_native)."""
+    from oxla.cpu_client import cores
     from oxla.lowering.ops import conv_forms as F
+    from oxla.passes import native_gemm
 
     if s.kind == "transposed":
         fits = F.transposed_fits((s.k,) * 2, (s.stride,) * 2, (1, 1), [(0, 0)] * 2)
         return ("transposed_dot", "transposed_dot_last") if fits else ("dilated", "dilated")
     geometry = ((s.size,) * 2, w_shape, (s.stride,) * 2, [(s.k // 2,) * 2] * 2, (1, 1), s.group)
+    out = F.out_sizes(*geometry[:1], geometry[3], (s.k,) * 2, geometry[2], (1, 1))
+    flops = 2 * s.m * math.prod(out) * s.k * s.k
+    if s.c == s.group == s.m and threads != 1 and cores() > 1 and native.available() \
+            and flops >= native_gemm.DEPTHWISE_MIN_FLOPS:
+        return F.choose(*geometry).__name__, "native_dw_last"
     return F.choose(*geometry).__name__, F.choose_last(*geometry).__name__
 
 
@@ -277,7 +314,7 @@ def measure(s: Shape, threads: int, rounds: int) -> Row:
             np.testing.assert_allclose(got, want, rtol=1e-3,
                                        atol=1e-3 * float(np.abs(want).max()), err_msg=f"{s.name}: {name}")
     med = _interleaved(calls, rounds, 3.0)
-    return Row(s.name, s.kind, threads, med.pop("ort"), med.pop("oxla"), *_chosen(s, w.shape),
+    return Row(s.name, s.kind, threads, med.pop("ort"), med.pop("oxla"), *_chosen(s, w.shape, threads),
                med.pop("oxla_floor"), med.pop("ort_floor"), med)
 
 

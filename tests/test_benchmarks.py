@@ -74,3 +74,26 @@ def test_suite_runs_the_shipped_model_end_to_end(tmp_path: Path) -> None:
     row = next(line for line in text.splitlines() if line.startswith("| VAD"))
     diff = float(row.split("|")[-2].split()[0])
     assert diff < 1e-5, row  # oxla and onnxruntime agree on the shipped model
+
+
+def test_conv_benchmark_native_depthwise_form_and_choice() -> None:
+    """benchmarks.conv's native depthwise column computes the convolution, and is what a
+    session chooses at default threads (on a machine with several cores and the kernel)."""
+    from benchmarks import conv
+    from oxla import cpu_client, native
+
+    s = conv.Shape("dw", "conv", 48, 14, 48, 48, 3, 2)
+    if not native.available():
+        assert "native_dw_last" not in conv._forms(s)
+        return
+    assert "native_dw_last" in conv._forms(s)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 14, 14, 48)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 1, 48)).astype(np.float32)  # HWIO
+    got = np.asarray(conv._native_dw_last(s, 0)(x, w))
+    want = lax.conv_general_dilated(x, w, (2, 2), [(1, 1), (1, 1)], dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                    feature_group_count=48)
+    np.testing.assert_allclose(got, np.asarray(want), rtol=1e-5, atol=1e-5)
+    big = conv.Shape("dw", "conv", 96, 56, 96, 96, 3, 1)
+    assert conv._chosen(big, (96, 1, 3, 3), 1)[1] == "taps_last"
+    assert conv._chosen(big, (96, 1, 3, 3), 0)[1] == ("native_dw_last" if cpu_client.cores() > 1 else "taps_last")

@@ -177,17 +177,26 @@ def _depthwise(cx, x, w, b, activation: str, lo: float, hi: float, strides, pads
         raise cx.shape_error(f"X {tuple(x.shape)} is smaller than the {kh}x{kw} kernel's "
                              f"window (pads {list(pads)}, dilations {list(dilations)})")
     if x.dtype == jnp.float32 and native.available():
-        i64 = np.int64
-        out = jax.ShapeDtypeStruct((x.shape[0], oh, ow, c), jnp.float32)
-        return jax.ffi.ffi_call(native.DEPTHWISE_TARGET, out)(
-            x, w, b, threads=i64(max(1, cx.options.native_threads)),
-            act=i64(ACTIVATIONS[activation]), lo=np.float32(lo), hi=np.float32(hi), sh=i64(sh),
-            sw=i64(sw), dh=i64(dh), dw=i64(dw), pt=i64(pt), pl=i64(pl))
+        return depthwise(x, w, b, (oh, ow), (sh, sw), (pt, pl), (dh, dw),
+                         max(1, cx.options.native_threads), activation, lo, hi)
     y = lax.conv_general_dilated(x, w.astype(x.dtype)[:, :, None, :], (sh, sw),
                                  [(pt, pb), (pl, pr)], rhs_dilation=(dh, dw),
                                  dimension_numbers=("NHWC", "HWIO", "NHWC"),
                                  feature_group_count=c) + b.astype(x.dtype)
     return _epilogue(y, activation, lo, hi)
+
+
+def depthwise(x, w, b, out: tuple[int, int], strides: tuple[int, int], begin: tuple[int, int],
+              dilations: tuple[int, int], threads: int, activation: str = "", lo: float = 0.0,
+              hi: float = 0.0):
+    """The native depthwise kernel's call: float32 X (N, H, W, C), W (KH, KW, C), B (C,), the
+    output's (OH, OW) and the pads before each axis (those after follow from OH, OW)."""
+    i64 = np.int64
+    shape = jax.ShapeDtypeStruct((x.shape[0], *out, x.shape[-1]), jnp.float32)
+    return jax.ffi.ffi_call(native.DEPTHWISE_TARGET, shape)(
+        x, w, b, threads=i64(threads), act=i64(ACTIVATIONS[activation]), lo=np.float32(lo),
+        hi=np.float32(hi), sh=i64(strides[0]), sw=i64(strides[1]), dh=i64(dilations[0]),
+        dw=i64(dilations[1]), pt=i64(begin[0]), pl=i64(begin[1]))
 
 
 def _register_depthwise(activation: str) -> None:
