@@ -426,24 +426,25 @@ def test_executor_counts_the_conv_kernels_flops() -> None:
 
 # --- depthwise convolutions (oxla_sdwconv, Depthwise* ops) ---------------------------------------
 
-def _dw_call(x, w, b, act, threads, strides, pads, dilations):
-    kh, kw, c = w.shape
+def _dw_call(x, w, b, act, threads, strides, pads, dilations, pre=None):
+    """The kernel through the rule's call; `pre` = (pre_bias, pre_act): X read as
+    pre_act(X + pre_bias), Clip's bounds -0.5 and 1.5 for both activations."""
+    kh, kw, _ = w.shape
     oh = (x.shape[1] + pads[0] + pads[2] - dilations[0] * (kh - 1) - 1) // strides[0] + 1
     ow = (x.shape[2] + pads[1] + pads[3] - dilations[1] * (kw - 1) - 1) // strides[1] + 1
-    out = jax.ShapeDtypeStruct((x.shape[0], oh, ow, c), jnp.float32)
-    i64 = np.int64
 
-    def f(x, w, b):
-        return jax.ffi.ffi_call(native.DEPTHWISE_TARGET, out)(
-            x, w, b, threads=i64(threads), act=i64(native_rule.ACTIVATIONS[act]),
-            lo=np.float32(-0.5), hi=np.float32(1.5), sh=i64(strides[0]), sw=i64(strides[1]),
-            dh=i64(dilations[0]), dw=i64(dilations[1]), pt=i64(pads[0]), pl=i64(pads[1]))
+    def f(x, w, b, pb):
+        return native_rule.depthwise(x, w, b, (oh, ow), strides, pads[:2], dilations, threads, act,
+                                     -0.5, 1.5, None if pre is None else (pb, pre[1], -0.5, 1.5))
 
     device = cpu_client.inline_device()
-    return np.asarray(jax.jit(f)(*[jax.device_put(a, device) for a in (x, w, b)]))
+    pb = np.zeros(0, np.float32) if pre is None else pre[0]
+    return np.asarray(jax.jit(f)(*[jax.device_put(a, device) for a in (x, w, b, pb)]))
 
 
-def _dw_reference(x, w, b, act, strides, pads, dilations):
+def _dw_reference(x, w, b, act, strides, pads, dilations, pre=None):
+    if pre is not None:
+        x = _act(x + pre[0], pre[1], -0.5, 1.5)
     with jax.enable_x64(True):
         y = np.asarray(jax.lax.conv_general_dilated(
             jnp.asarray(x, jnp.float64), jnp.asarray(w[:, :, None, :], jnp.float64), strides,
@@ -479,14 +480,17 @@ def test_depthwise_kernel_matches_float64(case: tuple, threads: int) -> None:
 
 @needs_kernel
 @pytest.mark.parametrize("act", ["", "Relu", "Clip", "Silu", "HardSwish"])
-def test_depthwise_epilogues(act: str) -> None:
-    x = RNG.standard_normal((1, 12, 12, 48)).astype(np.float32)
+@pytest.mark.parametrize("pre", [None, "Relu", "Clip", "Silu", "HardSwish"])
+def test_depthwise_epilogues(act: str, pre: str | None) -> None:
+    x = RNG.standard_normal((1, 12, 13, 48)).astype(np.float32)
     k = (RNG.standard_normal((3, 3, 48)) / 3).astype(np.float32)
     b = RNG.standard_normal(48).astype(np.float32)
+    before = None if pre is None else (RNG.standard_normal(48).astype(np.float32), pre)
     for threads in (1, 2):
-        got = _dw_call(x, k, b, act, threads, (1, 1), (1, 1, 1, 1), (1, 1))
-        want = _dw_reference(x, k, b, act, (1, 1), (1, 1, 1, 1), (1, 1))
-        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+        for strides, pads in (((1, 1), (1, 1, 1, 1)), ((2, 2), (1, 0, 2, 1))):  # borders read zero
+            got = _dw_call(x, k, b, act, threads, strides, pads, (1, 1), before)
+            want = _dw_reference(x, k, b, act, strides, pads, (1, 1), before)
+            np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
 
 def _dw_net(size: int = 24) -> onnx.ModelProto:
@@ -568,11 +572,62 @@ def test_executor_counts_the_depthwise_kernels_flops() -> None:
     from oxla.executor import _native_flops
 
     def f(x, w, b):
-        out = jax.ShapeDtypeStruct((1, 28, 28, 96), jnp.float32)
-        i64 = np.int64
-        return jax.ffi.ffi_call(native.DEPTHWISE_TARGET, out)(
-            x, w, b, threads=i64(2), act=i64(0), lo=np.float32(0), hi=np.float32(0), sh=i64(2),
-            sw=i64(2), dh=i64(1), dw=i64(1), pt=i64(1), pl=i64(1)) + 1
+        return native_rule.depthwise(x, w, b, (28, 28), (2, 2), (1, 1), (1, 1), 2) + 1
 
     lowered = jax.jit(f).lower(jnp.zeros((1, 56, 56, 96)), jnp.zeros((3, 3, 96)), jnp.zeros(96))
     assert _native_flops(lowered) == 2 * 28 * 28 * 96 * 9
+
+
+def _expand_dw_net(act: str) -> onnx.ModelProto:
+    """A 1x1 expansion (small: XLA's dot) with its bias and `act`, read by a depthwise
+    convolution alone; a second expansion whose activation has another reader too."""
+    c, e, size = 8, 32, 20
+    inits = [numpy_helper.from_array(np.float32(-0.5), "lo"), numpy_helper.from_array(np.float32(1.5), "hi")]
+    for name, shape in [("p_w", (e, c, 1, 1)), ("d_w", (e, 1, 3, 3)), ("q_w", (e, c, 1, 1)), ("k_w", (e, 1, 3, 3))]:
+        inits.append(numpy_helper.from_array((RNG.standard_normal(shape) / 3).astype(np.float32), name))
+    for name in ("p_b", "d_b", "q_b", "k_b"):
+        inits.append(numpy_helper.from_array(RNG.standard_normal(e).astype(np.float32), name))
+
+    def activation(x: str, y: str) -> onnx.NodeProto:
+        return helper.make_node(act, [x, "lo", "hi"] if act == "Clip" else [x], [y])
+
+    nodes = [helper.make_node("Conv", ["x", "p_w", "p_b"], ["p"], kernel_shape=[1, 1]), activation("p", "p_a"),
+             helper.make_node("Conv", ["p_a", "d_w", "d_b"], ["d"], kernel_shape=[3, 3], group=e, pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["d"], ["d_r"]),
+             helper.make_node("Conv", ["x", "q_w", "q_b"], ["q"], kernel_shape=[1, 1]), activation("q", "q_a"),
+             helper.make_node("Conv", ["q_a", "k_w", "k_b"], ["k"], kernel_shape=[3, 3], group=e, strides=[2, 2],
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["d_r", "q_a"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, (1, c, size, size))],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, (1, e, size, size)),
+                               helper.make_tensor_value_info("k", onnx.TensorProto.FLOAT, (1, e, size // 2, size // 2))],
+                              inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+@needs_kernel
+@pytest.mark.parametrize("act", ["Relu", "Clip", "HardSwish"])
+def test_depthwise_reads_its_producers_bias_and_activation(monkeypatch: pytest.MonkeyPatch, act: str) -> None:
+    monkeypatch.setattr(native_gemm, "DEPTHWISE_MIN_FLOPS", 0.0)
+    model = _expand_dw_net(act)
+    planned = _planned(model)
+    kinds = [n.op_type for n in planned.graph.node if n.domain == native_rule.DOMAIN]
+    assert kinds == [f"{act}DepthwiseRelu", "Depthwise"]  # the second activation is read twice
+    fused = planned.graph.node[[n.op_type for n in planned.graph.node].index(f"{act}DepthwiseRelu")]
+    product = next(n for n in planned.graph.node if fused.input[0] in n.output)
+    assert product.op_type == "Conv" and len(product.input) == 2  # its bias moved to the kernel
+    assert not [n for n in planned.graph.node if n.op_type == act and n.output[0] == "p_a"]
+    onnx.checker.check_model(planned)
+    x = RNG.standard_normal((1, 8, 20, 20)).astype(np.float32)
+    data = model.SerializeToString()
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for got in (oxla.InferenceSession(data).run(None, {"x": x}),
+                ort.InferenceSession(planned.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x}),
+                [np.asarray(v) for v in oxla.CompiledModel(_planned(model))({"x": x}).values()]):
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+    # traced where the kernel cannot be used: the rule applies the bias and activation with XLA
+    fallback = oxla.InferenceSession(data)
+    monkeypatch.setattr(native, "available", lambda: False)
+    for g, w in zip(fallback.run(None, {"x": x}), want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)

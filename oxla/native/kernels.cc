@@ -544,34 +544,59 @@ ffi::Error Sconv(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi:
 
 // ---- Depthwise convolution, channels last (one output channel per input channel) -----------
 //
-// Y[n, oh, ow, c] = act(bias[c] + sum_{i, j} X[n, oh*sh - pt + i*dh, ow*sw - pl + j*dw, c]
-//                                        * W[i, j, c]), taps outside X reading zero.
+// Y[n, oh, ow, c] = act(bias[c] + sum_{i, j} P(X)[n, oh*sh - pt + i*dh, ow*sw - pl + j*dw, c]
+//                                        * W[i, j, c]), taps outside X reading zero,
+// where P(X) = pre_act(X + pre_bias) or X itself: the bias and activation of the layer that made X
+// (a 1x1 convolution XLA computes), applied to each element as it is loaded, so that no pass of
+// its own writes them (XLA had fused them into its taps loop).
 // 16 channels x DW_P output pixels of a row at a time (DW_P accumulators). Where a block's taps lie
 // inside X's row and the kernel width and stride are ones it was compiled for, each input pixel
 // of a kernel row is loaded once and feeds every tap that reads it (3x3 stride 1: 10 loads for 24
 // multiply-adds, against one load per multiply-add); elsewhere (borders, other windows) one load
 // per tap, taps outside X skipped. Work items are (image row, 16 channels), claimed in parts.
 
+constexpr int64_t NO_PRE = -1;  // pre_act when X is read as it is
+
 struct DwJob {
   const float* X;
   const float* W;  // (KH, KW, C)
   const float* bias;
+  const float* pre_bias;  // (C,) when pre_act != NO_PRE
   float* Y;
   int64_t N, H, Wd, C, OH, OW, KH, KW, sh, sw, dh, dw, pt, pl;
   int64_t cblocks, items;
-  int64_t act;
-  float lo, hi;
+  int64_t act, pre_act;
+  float lo, hi, pre_lo, pre_hi;
 };
+
+inline __m512 activate_rt(__m512 v, int64_t act, float lo, float hi) {
+  switch (act) {
+    case RELU: return activate<RELU>(v, lo, hi);
+    case CLIP: return activate<CLIP>(v, lo, hi);
+    case SILU: return activate<SILU>(v, lo, hi);
+    case HARD_SWISH: return activate<HARD_SWISH>(v, lo, hi);
+    default: return v;
+  }
+}
+
+// X's 16 channels at `x` (channels [c, c + 16) under m) as the depthwise taps read them.
+template <int64_t PRE>
+inline __m512 load_x(const DwJob& j, const float* x, __mmask16 m, __m512 pre_bias) {
+  __m512 v = _mm512_maskz_loadu_ps(m, x);
+  if (PRE == NO_PRE) return v;
+  return activate<PRE>(_mm512_add_ps(v, pre_bias), j.pre_lo, j.pre_hi);
+}
 
 constexpr int DW_P = 8;  // output pixels per block
 
 // DW_P output pixels from ow0 (the first P stored), each input pixel of a kernel row loaded once;
 // CHECK: some of them lie outside X's row (they read zero).
-template <int KW_, int SW_, int64_t ACT, bool CHECK>
+template <int KW_, int SW_, int64_t PRE, bool CHECK>
 inline void dw_fast(const DwJob& j, const float* xn, int64_t oh, int64_t ow0, int64_t c,
                     __mmask16 m, float* y, int P) {
   constexpr int L = (DW_P - 1) * SW_ + KW_;  // input pixels one kernel row reads
   __m512 b = _mm512_maskz_loadu_ps(m, j.bias + c);
+  __m512 pb = PRE == NO_PRE ? b : _mm512_maskz_loadu_ps(m, j.pre_bias + c);
   __m512 acc[DW_P];
 #pragma GCC unroll 8
   for (int p = 0; p < DW_P; ++p) acc[p] = b;
@@ -586,7 +611,7 @@ inline void dw_fast(const DwJob& j, const float* xn, int64_t oh, int64_t ow0, in
 #pragma GCC unroll 32
     for (int i = 0; i < L; ++i) {
       int64_t iw = iw0 + i;
-      __m512 v = !CHECK || (iw >= 0 && iw < j.Wd) ? _mm512_maskz_loadu_ps(m, xr + iw * j.C)
+      __m512 v = !CHECK || (iw >= 0 && iw < j.Wd) ? load_x<PRE>(j, xr + iw * j.C, m, pb)
                                                   : _mm512_setzero_ps();
 #pragma GCC unroll 8
       for (int t = 0; t < KW_; ++t) {
@@ -598,14 +623,15 @@ inline void dw_fast(const DwJob& j, const float* xn, int64_t oh, int64_t ow0, in
   }
 #pragma GCC unroll 8
   for (int p = 0; p < DW_P; ++p)
-    if (p < P) _mm512_mask_storeu_ps(y + p * j.C, m, activate<ACT>(acc[p], j.lo, j.hi));
+    if (p < P) _mm512_mask_storeu_ps(y + p * j.C, m, activate_rt(acc[p], j.act, j.lo, j.hi));
 }
 
 // P output pixels from ow, one load per tap; CHECK: some taps fall outside X's row.
-template <int64_t ACT, int P, bool CHECK>
+template <int64_t PRE, int P, bool CHECK>
 inline void dw_block(const DwJob& j, const float* xn, int64_t oh, int64_t ow, int64_t c,
                      __mmask16 m, float* y) {
   __m512 b = _mm512_maskz_loadu_ps(m, j.bias + c);
+  __m512 pb = PRE == NO_PRE ? b : _mm512_maskz_loadu_ps(m, j.pre_bias + c);
   __m512 acc[P];
 #pragma GCC unroll 8
   for (int p = 0; p < P; ++p) acc[p] = b;
@@ -620,32 +646,32 @@ inline void dw_block(const DwJob& j, const float* xn, int64_t oh, int64_t ow, in
       for (int p = 0; p < P; ++p) {
         int64_t iw = iw0 + p * j.sw;
         if (CHECK && (iw < 0 || iw >= j.Wd)) continue;
-        acc[p] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, xr + iw * j.C), w, acc[p]);
+        acc[p] = _mm512_fmadd_ps(load_x<PRE>(j, xr + iw * j.C, m, pb), w, acc[p]);
       }
     }
   }
 #pragma GCC unroll 8
   for (int p = 0; p < P; ++p)
-    _mm512_mask_storeu_ps(y + p * j.C, m, activate<ACT>(acc[p], j.lo, j.hi));
+    _mm512_mask_storeu_ps(y + p * j.C, m, activate_rt(acc[p], j.act, j.lo, j.hi));
 }
 
 using DwFast = void (*)(const DwJob&, const float*, int64_t, int64_t, int64_t, __mmask16, float*,
                        int);
 
 // The compiled kernel rows for this window ([0]: inside X, [1]: checked), or nulls.
-template <int64_t ACT>
+template <int64_t PRE>
 std::pair<DwFast, DwFast> dw_fast_for(const DwJob& j) {
   if (j.dw != 1) return {nullptr, nullptr};
 #define OXLA_DW(K, S) \
-  if (j.KW == K && j.sw == S) return {dw_fast<K, S, ACT, false>, dw_fast<K, S, ACT, true>};
+  if (j.KW == K && j.sw == S) return {dw_fast<K, S, PRE, false>, dw_fast<K, S, PRE, true>};
   OXLA_DW(3, 1) OXLA_DW(3, 2) OXLA_DW(5, 1) OXLA_DW(5, 2) OXLA_DW(7, 1) OXLA_DW(7, 2)
 #undef OXLA_DW
   return {nullptr, nullptr};
 }
 
-template <int64_t ACT>
+template <int64_t PRE>
 void dw_items(const DwJob& j, int64_t i0, int64_t i1) {
-  auto [fast, checked] = dw_fast_for<ACT>(j);
+  auto [fast, checked] = dw_fast_for<PRE>(j);
   for (int64_t it = i0; it < i1; ++it) {
     int64_t r = it / j.cblocks, c = (it % j.cblocks) * 16;
     int64_t n = r / j.OH, oh = r % j.OH;
@@ -660,10 +686,10 @@ void dw_items(const DwJob& j, int64_t i0, int64_t i1) {
                     (ow + DW_P - 1) * j.sw - j.pl + (j.KW - 1) * j.dw < j.Wd;
       if (fast && inside) fast(j, xn, oh, ow, c, m, y, p);
       else if (fast) checked(j, xn, oh, ow, c, m, y, p);
-      else if (p == DW_P && inside) dw_block<ACT, DW_P, false>(j, xn, oh, ow, c, m, y);
-      else if (p == DW_P) dw_block<ACT, DW_P, true>(j, xn, oh, ow, c, m, y);
+      else if (p == DW_P && inside) dw_block<PRE, DW_P, false>(j, xn, oh, ow, c, m, y);
+      else if (p == DW_P) dw_block<PRE, DW_P, true>(j, xn, oh, ow, c, m, y);
       else
-        for (int q = 0; q < p; ++q) dw_block<ACT, 1, true>(j, xn, oh, ow + q, c, m, y + q * j.C);
+        for (int q = 0; q < p; ++q) dw_block<PRE, 1, true>(j, xn, oh, ow + q, c, m, y + q * j.C);
     }
   }
 }
@@ -671,19 +697,21 @@ void dw_items(const DwJob& j, int64_t i0, int64_t i1) {
 void dw_part(const void* ctx, int part, int parts) {
   const DwJob& j = *static_cast<const DwJob*>(ctx);
   int64_t i0 = j.items * part / parts, i1 = j.items * (part + 1) / parts;
-  switch (j.act) {
+  switch (j.pre_act) {
+    case NONE: dw_items<NONE>(j, i0, i1); break;
     case RELU: dw_items<RELU>(j, i0, i1); break;
     case CLIP: dw_items<CLIP>(j, i0, i1); break;
     case SILU: dw_items<SILU>(j, i0, i1); break;
     case HARD_SWISH: dw_items<HARD_SWISH>(j, i0, i1); break;
-    default: dw_items<NONE>(j, i0, i1); break;
+    default: dw_items<NO_PRE>(j, i0, i1); break;
   }
 }
 
 ffi::Error Sdwconv(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
-                   ffi::Buffer<ffi::F32> bias, ffi::ResultBuffer<ffi::F32> y, int64_t threads,
-                   int64_t act, float lo, float hi, int64_t sh, int64_t sw, int64_t dh,
-                   int64_t dw, int64_t pt, int64_t pl) {
+                   ffi::Buffer<ffi::F32> bias, ffi::Buffer<ffi::F32> pre_bias,
+                   ffi::ResultBuffer<ffi::F32> y, int64_t threads, int64_t act, float lo,
+                   float hi, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt,
+                   int64_t pl, int64_t pre_act, float pre_lo, float pre_hi) {
   auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
   if (xd.size() != 4 || wd.size() != 3 || yd.size() != 4 || xd[0] != yd[0] || xd[3] != yd[3] ||
       wd[2] != xd[3])
@@ -692,7 +720,10 @@ ffi::Error Sdwconv(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
     return ffi::Error::InvalidArgument("oxla_sdwconv: window");
   if ((int64_t)bias.element_count() != xd[3])
     return ffi::Error::InvalidArgument("oxla_sdwconv: bias length");
-  if (act < NONE || act > HARD_SWISH) return ffi::Error::InvalidArgument("oxla_sdwconv: act");
+  if (act < NONE || act > HARD_SWISH || pre_act < NO_PRE || pre_act > HARD_SWISH)
+    return ffi::Error::InvalidArgument("oxla_sdwconv: act");
+  if ((int64_t)pre_bias.element_count() != (pre_act == NO_PRE ? 0 : xd[3]))
+    return ffi::Error::InvalidArgument("oxla_sdwconv: pre_bias length");
   DwJob j;
   j.N = xd[0]; j.H = xd[1]; j.Wd = xd[2]; j.C = xd[3];
   j.OH = yd[1]; j.OW = yd[2];
@@ -704,10 +735,14 @@ ffi::Error Sdwconv(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   j.X = x.typed_data();
   j.W = w.typed_data();
   j.bias = bias.typed_data();
+  j.pre_bias = pre_act == NO_PRE ? nullptr : pre_bias.typed_data();
   j.Y = y->typed_data();
   j.act = act;
   j.lo = lo;
   j.hi = hi;
+  j.pre_act = pre_act;
+  j.pre_lo = pre_lo;
+  j.pre_hi = pre_hi;
   double flops = 2.0 * (double)(j.items * 16 * j.OW) * (double)(j.KH * j.KW);
   parallel(dw_part, &j, usable(threads, pool), flops >= 4e5, pool);
   return ffi::Error::Success();
@@ -755,6 +790,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(OxlaSdwconv, Sdwconv,
                                   .Arg<ffi::Buffer<ffi::F32>>()   // X (N, H, W, C)
                                   .Arg<ffi::Buffer<ffi::F32>>()   // W (KH, KW, C)
                                   .Arg<ffi::Buffer<ffi::F32>>()   // bias (C,)
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // pre_bias (C,) or (0,)
                                   .Ret<ffi::Buffer<ffi::F32>>()   // Y (N, OH, OW, C)
                                   .Attr<int64_t>("threads")
                                   .Attr<int64_t>("act")
@@ -765,4 +801,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(OxlaSdwconv, Sdwconv,
                                   .Attr<int64_t>("dh")
                                   .Attr<int64_t>("dw")
                                   .Attr<int64_t>("pt")
-                                  .Attr<int64_t>("pl"));
+                                  .Attr<int64_t>("pl")
+                                  .Attr<int64_t>("pre_act")      // -1: X read as it is
+                                  .Attr<float>("pre_lo")
+                                  .Attr<float>("pre_hi"));

@@ -23,6 +23,8 @@ pads, dilations and group (= C, for its function body) as ONNX's Conv does.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -158,7 +160,10 @@ def _register_conv(residual: bool, activation: str) -> None:
         rule(name, since=1, domain=DOMAIN)(fn_p)
 
 
-def _depthwise(cx, x, w, b, activation: str, lo: float, hi: float, strides, pads, dilations):
+def _depthwise(cx, x, w, b, activation: str, lo: float, hi: float, strides, pads, dilations,
+               pre: tuple[Any, str, float, float] | None = None):
+    """The depthwise convolution of X, or of pre_act(X + pre_bias) when `pre` = (pre_bias,
+    pre_act, its lo, its hi)."""
     window = (strides, pads, dilations)
     if any(a is None for a in window) or [len(a) for a in window] != [2, 4, 2] or w.ndim != 3:
         raise cx.fail("needs a (KH, KW, C) kernel and 2-D strides, pads and dilations attributes, "
@@ -168,7 +173,8 @@ def _depthwise(cx, x, w, b, activation: str, lo: float, hi: float, strides, pads
     sh, sw = (int(v) for v in strides)
     dh, dw = (int(v) for v in dilations)
     pt, pl, pb, pr = (int(v) for v in pads)
-    if x.ndim != 4 or x.shape[-1] != c or b.shape != (c,):
+    if x.ndim != 4 or x.shape[-1] != c or b.shape != (c,) \
+            or (pre is not None and tuple(pre[0].shape) != (c,)):
         raise cx.shape_error(f"X {tuple(x.shape)} is not (N, H, W, {c}) as the depthwise kernel "
                              f"reads; check the model's Conv input")
     oh = (x.shape[1] + pt + pb - dh * (kh - 1) - 1) // sh + 1
@@ -178,7 +184,9 @@ def _depthwise(cx, x, w, b, activation: str, lo: float, hi: float, strides, pads
                              f"window (pads {list(pads)}, dilations {list(dilations)})")
     if x.dtype == jnp.float32 and native.available():
         return depthwise(x, w, b, (oh, ow), (sh, sw), (pt, pl), (dh, dw),
-                         max(1, cx.options.native_threads), activation, lo, hi)
+                         max(1, cx.options.native_threads), activation, lo, hi, pre)
+    if pre is not None:
+        x = _epilogue(x + pre[0].astype(x.dtype), *pre[1:])
     y = lax.conv_general_dilated(x, w.astype(x.dtype)[:, :, None, :], (sh, sw),
                                  [(pt, pb), (pl, pr)], rhs_dilation=(dh, dw),
                                  dimension_numbers=("NHWC", "HWIO", "NHWC"),
@@ -188,19 +196,30 @@ def _depthwise(cx, x, w, b, activation: str, lo: float, hi: float, strides, pads
 
 def depthwise(x, w, b, out: tuple[int, int], strides: tuple[int, int], begin: tuple[int, int],
               dilations: tuple[int, int], threads: int, activation: str = "", lo: float = 0.0,
-              hi: float = 0.0):
+              hi: float = 0.0, pre: tuple[Any, str, float, float] | None = None):
     """The native depthwise kernel's call: float32 X (N, H, W, C), W (KH, KW, C), B (C,), the
-    output's (OH, OW) and the pads before each axis (those after follow from OH, OW)."""
+    output's (OH, OW) and the pads before each axis (those after follow from OH, OW); `pre`
+    (pre_bias, pre_act, lo, hi): X is read as pre_act(X + pre_bias)."""
     i64 = np.int64
     shape = jax.ShapeDtypeStruct((x.shape[0], *out, x.shape[-1]), jnp.float32)
+    pre_bias, pre_act, pre_lo, pre_hi = pre if pre is not None else (
+        jnp.zeros((0,), jnp.float32), None, 0.0, 0.0)
     return jax.ffi.ffi_call(native.DEPTHWISE_TARGET, shape)(
-        x, w, b, threads=i64(threads), act=i64(ACTIVATIONS[activation]), lo=np.float32(lo),
-        hi=np.float32(hi), sh=i64(strides[0]), sw=i64(strides[1]), dh=i64(dilations[0]),
-        dw=i64(dilations[1]), pt=i64(begin[0]), pl=i64(begin[1]))
+        x, w, b, pre_bias.astype(jnp.float32), threads=i64(threads),
+        act=i64(ACTIVATIONS[activation]), lo=np.float32(lo), hi=np.float32(hi),
+        sh=i64(strides[0]), sw=i64(strides[1]), dh=i64(dilations[0]), dw=i64(dilations[1]),
+        pt=i64(begin[0]), pl=i64(begin[1]),
+        pre_act=i64(-1 if pre_act is None else ACTIVATIONS[pre_act]), pre_lo=np.float32(pre_lo),
+        pre_hi=np.float32(pre_hi))
+
+
+def depthwise_op_type(pre: str | None, activation: str) -> str:
+    """[pre activation]Depthwise[activation]: ReluDepthwise, HardSwishDepthwiseHardSwish, ..."""
+    return (pre or "") + "Depthwise" + activation
 
 
 def _register_depthwise(activation: str) -> None:
-    name = "Depthwise" + activation
+    name = depthwise_op_type(None, activation)
     if activation == "Clip":
         def fn(cx, x, w, b, lo, hi, *, strides=None, pads=None, dilations=None, group=None):
             return _depthwise(cx, x, w, b, "Clip", float(cx.static(lo)), float(cx.static(hi)),
@@ -210,6 +229,22 @@ def _register_depthwise(activation: str) -> None:
         def fn_p(cx, x, w, b, *, strides=None, pads=None, dilations=None, group=None):
             return _depthwise(cx, x, w, b, activation, 0.0, 0.0, strides, pads, dilations)
         rule(name, since=1, domain=DOMAIN)(fn_p)
+
+
+def _register_pre_depthwise(pre: str, activation: str) -> None:
+    """X, W, B, the pre-activation's bias, then Clip's bounds: the pre-activation's, then the
+    activation's."""
+
+    def fn(cx, x, w, b, pre_bias, c1=None, c2=None, c3=None, c4=None, *, strides=None, pads=None,
+           dilations=None, group=None):
+        bounds = [float(cx.static(v)) for v in (c1, c2, c3, c4) if v is not None]
+        pre_lo, pre_hi = (bounds.pop(0), bounds.pop(0)) if pre == "Clip" else (0.0, 0.0)
+        lo, hi = (bounds[0], bounds[1]) if activation == "Clip" else (0.0, 0.0)
+        return _depthwise(cx, x, w, b, activation, lo, hi, strides, pads, dilations,
+                          (pre_bias, pre, pre_lo, pre_hi))
+
+    rule(depthwise_op_type(pre, activation), since=1, domain=DOMAIN,
+         static=("c1", "c2", "c3", "c4"))(fn)
 
 
 def _register(residual: bool, activation: str) -> None:
@@ -236,4 +271,7 @@ for _residual in (False, True):
         _register_conv(_residual, _activation)
 for _activation in ACTIVATIONS:
     _register_depthwise(_activation)
+    for _pre in ACTIVATIONS:
+        if _pre:
+            _register_pre_depthwise(_pre, _activation)
 
