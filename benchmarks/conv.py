@@ -9,7 +9,9 @@ three oxla builds interleaved: XLA's native conv channels first, conv_forms chan
 
 For each shape: XLA's native convolution, each candidate form of conv_forms (raw jax.jit; the
 channels-first forms with W an OIHW argument, the channels-last `*_last` forms with X as
-(N, H, W, C) and W stored HWIO, as sessions leave them inside a conv net), oxla's
+(N, H, W, C) and W stored HWIO, as sessions leave them inside a conv net; `native_dw_last`, oxla's
+own depthwise kernel, which sessions that may use several cores choose above
+native_gemm.DEPTHWISE_MIN_FLOPS), oxla's
 InferenceSession on a one-node model (ChannelsLastPass puts a transpose on each side of a lone
 Conv) and onnxruntime on the same model. Each thread setting runs
 in its own process: threads 0 is both runtimes' default; threads 1 is onnxruntime with

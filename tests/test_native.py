@@ -480,7 +480,7 @@ def test_depthwise_kernel_matches_float64(case: tuple, threads: int) -> None:
 
 @needs_kernel
 @pytest.mark.parametrize("act", ["", "Relu", "Clip", "Silu", "HardSwish"])
-@pytest.mark.parametrize("pre", [None, "Relu", "Clip", "Silu", "HardSwish"])
+@pytest.mark.parametrize("pre", [None, "Relu", "Clip", "HardSwish"])
 def test_depthwise_epilogues(act: str, pre: str | None) -> None:
     x = RNG.standard_normal((1, 12, 13, 48)).astype(np.float32)
     k = (RNG.standard_normal((3, 3, 48)) / 3).astype(np.float32)

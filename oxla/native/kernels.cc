@@ -546,7 +546,8 @@ ffi::Error Sconv(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi:
 //
 // Y[n, oh, ow, c] = act(bias[c] + sum_{i, j} P(X)[n, oh*sh - pt + i*dh, ow*sw - pl + j*dw, c]
 //                                        * W[i, j, c]), taps outside X reading zero,
-// where P(X) = pre_act(X + pre_bias) or X itself: the bias and activation of the layer that made X
+// where P(X) = pre_act(X + pre_bias) (pre_act Relu, Clip or HardSwish) or X itself: the bias and
+// activation of the layer that made X
 // (a 1x1 convolution XLA computes), applied to each element as it is loaded, so that no pass of
 // its own writes them (XLA had fused them into its taps loop).
 // 16 channels x DW_P output pixels of a row at a time (DW_P accumulators). Where a block's taps lie
@@ -697,11 +698,9 @@ void dw_items(const DwJob& j, int64_t i0, int64_t i1) {
 void dw_part(const void* ctx, int part, int parts) {
   const DwJob& j = *static_cast<const DwJob*>(ctx);
   int64_t i0 = j.items * part / parts, i1 = j.items * (part + 1) / parts;
-  switch (j.pre_act) {
-    case NONE: dw_items<NONE>(j, i0, i1); break;
+  switch (j.pre_act) {  // the activations compiled as pre_act (Sdwconv accepts no other)
     case RELU: dw_items<RELU>(j, i0, i1); break;
     case CLIP: dw_items<CLIP>(j, i0, i1); break;
-    case SILU: dw_items<SILU>(j, i0, i1); break;
     case HARD_SWISH: dw_items<HARD_SWISH>(j, i0, i1); break;
     default: dw_items<NO_PRE>(j, i0, i1); break;
   }
@@ -720,7 +719,8 @@ ffi::Error Sdwconv(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
     return ffi::Error::InvalidArgument("oxla_sdwconv: window");
   if ((int64_t)bias.element_count() != xd[3])
     return ffi::Error::InvalidArgument("oxla_sdwconv: bias length");
-  if (act < NONE || act > HARD_SWISH || pre_act < NO_PRE || pre_act > HARD_SWISH)
+  if (act < NONE || act > HARD_SWISH ||
+      (pre_act != NO_PRE && pre_act != RELU && pre_act != CLIP && pre_act != HARD_SWISH))
     return ffi::Error::InvalidArgument("oxla_sdwconv: act");
   if ((int64_t)pre_bias.element_count() != (pre_act == NO_PRE ? 0 : xd[3]))
     return ffi::Error::InvalidArgument("oxla_sdwconv: pre_bias length");

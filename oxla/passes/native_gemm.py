@@ -64,7 +64,13 @@ from onnx import (
 from oxla import native
 from oxla.graph import attribute_value, inferred_types, model_opsets, node_reads, tensor_value
 from oxla.lowering.ops.conv_forms import STEM_CHANNELS, STEM_TAPS_TERMS
-from oxla.lowering.ops.native import ACTIVATIONS, DOMAIN, depthwise_op_type, op_type
+from oxla.lowering.ops.native import (
+    ACTIVATIONS,
+    DOMAIN,
+    PRE_ACTIVATIONS,
+    depthwise_op_type,
+    op_type,
+)
 from oxla.passes.channels_last import DOMAIN as LAST
 from oxla.passes.weight_layout import conv_hwio, plain_conv_attributes
 
@@ -92,8 +98,6 @@ DEPTHWISE = True
 # Activations a depthwise convolution applies to its input as it loads it (with the bias before).
 # MobileNetV3-small (8 layers), default threads, both orders twice, against reading the activated
 # product: 1.646 / 1.690 / 1.640 / 1.662 ms against 1.711 / 1.680 / 1.679 / 1.667 (-1.4%).
-# SiLU's division per load is left to the GEMM epilogue that makes EfficientNet's products.
-PRE_ACTIVATIONS = frozenset({"Relu", "Clip", "HardSwish"})
 PRE_ACTIVATION = True
 # A squeeze-excitation branch (1x1 convolutions on a globally pooled image: one row per image)
 # stays XLA's whatever shape inference finds: matrix-vector products, which XLA fuses with their
@@ -561,7 +565,7 @@ def _depthwise_body(name: str, opset: int) -> FunctionProto:
     (KH, KW, C) as (C, 1, KH, KW), X and Y moved channels first around the standard Conv with the
     node's window and group, then the activation."""
     pre, _, activation = name.partition("Depthwise")
-    if activation not in ACTIVATIONS or pre not in ACTIVATIONS:
+    if activation not in ACTIVATIONS or (pre and pre not in PRE_ACTIVATIONS):
         raise ValueError(f"no body for oxla.native::{name}")
     conv = _ref(helper.make_node("Conv", ["X_first", "W_oihw", "B"], ["Y_first"]),
                 "strides", "pads", "dilations")

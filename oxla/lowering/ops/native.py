@@ -35,6 +35,9 @@ from oxla.lowering.ops.elementwise import sigmoid
 from oxla.lowering.registry import rule
 
 DOMAIN = "oxla.native"
+# What the depthwise kernel can apply to X as it loads it (after a bias): kernels.cc's dw_part.
+# SiLU's division per load is left to the GEMM epilogue that makes EfficientNet's products.
+PRE_ACTIVATIONS = ("Relu", "Clip", "HardSwish")
 # activation name -> the kernel's code (kernels.cc, enum Act)
 ACTIVATIONS = {"": 0, "Relu": 1, "Clip": 2, "Silu": 3, "HardSwish": 4}
 
@@ -271,7 +274,6 @@ for _residual in (False, True):
         _register_conv(_residual, _activation)
 for _activation in ACTIVATIONS:
     _register_depthwise(_activation)
-    for _pre in ACTIVATIONS:
-        if _pre:
-            _register_pre_depthwise(_pre, _activation)
+    for _pre in PRE_ACTIVATIONS:
+        _register_pre_depthwise(_pre, _activation)
 
