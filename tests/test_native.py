@@ -631,3 +631,36 @@ def test_depthwise_reads_its_producers_bias_and_activation(monkeypatch: pytest.M
     monkeypatch.setattr(native, "available", lambda: False)
     for g, w in zip(fallback.run(None, {"x": x}), want):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
+@needs_kernel
+def test_depthwise_takes_an_explicit_pad_and_a_per_channel_affine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tf2onnx's shape of a strided depthwise layer: Pad, the Conv without pads, its batch norm as
+    Mul and Add by per-channel constants, Relu6 as Clip: one DepthwiseClip with the pads."""
+    monkeypatch.setattr(native_gemm, "DEPTHWISE_MIN_FLOPS", 0.0)
+    c = 24
+    inits = [numpy_helper.from_array(np.array([0, 0, 0, 0, 0, 0, 1, 1], np.int64), "pads"),
+             numpy_helper.from_array((RNG.standard_normal((c, c, 1, 1)) / 5).astype(np.float32), "e"),
+             numpy_helper.from_array((RNG.standard_normal((c, 1, 3, 3)) / 3).astype(np.float32), "w"),
+             numpy_helper.from_array(RNG.uniform(0.5, 2, (1, c, 1, 1)).astype(np.float32), "scale"),
+             numpy_helper.from_array(RNG.standard_normal((1, c, 1, 1)).astype(np.float32), "shift"),
+             numpy_helper.from_array(np.float32(0.0), "lo"), numpy_helper.from_array(np.float32(6.0), "hi")]
+    nodes = [helper.make_node("Conv", ["x", "e"], ["x1"], kernel_shape=[1, 1]),  # channels last from here
+             helper.make_node("Pad", ["x1", "pads"], ["p"]),
+             helper.make_node("Conv", ["p", "w"], ["d"], kernel_shape=[3, 3], group=c, strides=[2, 2]),
+             helper.make_node("Mul", ["d", "scale"], ["m"]), helper.make_node("Add", ["m", "shift"], ["a"]),
+             helper.make_node("Clip", ["a", "lo", "hi"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, (1, c, 16, 16))],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, (1, c, 8, 8))], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    planned = _planned(model)
+    assert [n.op_type for n in planned.graph.node if n.op_type in ("Pad", "Mul", "Add", "Clip", "DepthwiseClip")] \
+        == ["DepthwiseClip"]
+    dw = next(n for n in planned.graph.node if n.op_type == "DepthwiseClip")
+    assert [list(a.ints) for a in dw.attribute if a.name == "pads"] == [[0, 0, 1, 1]]
+    x = RNG.standard_normal((1, c, 16, 16)).astype(np.float32) * 3
+    data = model.SerializeToString()
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(oxla.InferenceSession(data).run(None, {"x": x})[0], want, rtol=1e-5, atol=1e-5)
+    again = ort.InferenceSession(planned.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(again.run(None, {"x": x})[0], want, rtol=1e-5, atol=1e-5)

@@ -29,7 +29,9 @@ the pool's threads, where XLA's fused taps loop gains nothing from the second co
 Relu, Clip or HardSwish of a small 1x1 convolution's product (XLA's dot), read by the depthwise
 convolution alone, the kernel applies that convolution's bias and activation to each element it
 loads ([pre]Depthwise[activation] ops, e.g. HardSwishDepthwiseHardSwish): XLA had fused them into
-its taps loop, and would otherwise write the activated product in a pass of its own.
+its taps loop, and would otherwise write the activated product in a pass of its own. Likewise an
+explicit zero Pad of the height and width before it becomes the kernel's own pads, and Mul and Add
+by per-channel constants after it (tf2onnx's batch norm) are folded into W and B.
 
 Why (docs/benchmarks.md, ninth round): the kernel splits each product into parts that the
 caller and the intra-op pool's threads claim, where XLA:CPU's dots gain little from the second
@@ -384,12 +386,22 @@ def depthwise_to_native(model: ModelProto) -> int:
     moved: dict[int, NodeProto] = {}
     for node, kernel, b, window in candidates:
         pre = _pre_activation(g, node, producers, rows) if PRE_ACTIVATION else None
-        fold = _Fold(output=node.output[0])
-        _activation(g, node.output[0], fold)
+        padded = None if pre is not None else _zero_pad(g, node, producers)
+        if padded is not None:  # an explicit Pad before (tf2onnx's): the kernel's own pads
+            pad, extra = padded
+            window["pads"] = [p + e for p, e in zip(window["pads"], extra)]
+            node.input[0] = pad.input[0]
+            removed.add(id(pad))
+            g.taken.add(id(pad))
+        bias = np.zeros(kernel.shape[2], np.float32) if b is None else b
+        scale, shift, affine, y = _affine(g, node.output[0], kernel.shape[2])
+        if affine:  # per-channel Mul/Add after (tf2onnx's batch norm): into W and B
+            kernel, bias = kernel * scale, bias * scale + shift
+        fold = _Fold(output=y, absorbed=affine)
+        _activation(g, y, fold)
         w_name, bias_name = f"{node.output[0]}{SUFFIX}", f"{node.output[0]}{BIAS_SUFFIX}"
-        graph.initializer.append(numpy_helper.from_array(kernel, w_name))
-        graph.initializer.append(numpy_helper.from_array(
-            np.zeros(kernel.shape[2], np.float32) if b is None else b, bias_name))
+        graph.initializer.append(numpy_helper.from_array(kernel.astype(np.float32), w_name))
+        graph.initializer.append(numpy_helper.from_array(bias.astype(np.float32), bias_name))
         inputs = [node.input[0], w_name, bias_name]
         if pre is not None:  # read the product itself, its bias and activation applied per load
             product, act_node, pre_fold, pre_value = pre
@@ -415,6 +427,51 @@ def depthwise_to_native(model: ModelProto) -> int:
             removed.add(id(node))
     _finish(model, opsets, removed, moved)
     return len(candidates)
+
+
+def _affine(g: _Graph, y: str, c: int) -> tuple[np.ndarray, np.ndarray, tuple[NodeProto, ...], str]:
+    """(scale, shift, the nodes, their output) of the chain of Mul and Add by constant float32
+    per-channel vectors (c values on the last axis, or one) that alone read `y` one after the
+    other: what follows is scale * y + shift."""
+    scale, shift = np.ones(c, np.float64), np.zeros(c, np.float64)
+    nodes: tuple[NodeProto, ...] = ()
+    while (node := g.only_reader(y)) is not None and node.op_type in ("Mul", "Add") \
+            and len(node.input) == 2 and node.input[0] != node.input[1]:
+        other = node.input[1] if node.input[0] == y else node.input[0]
+        if other not in g.inits:
+            break
+        value = tensor_value(other, lambda o=other: numpy_helper.to_array(g.inits[o]))
+        if value.dtype != np.float32 or value.size not in (1, c) or value.ndim > 4 \
+                or (value.size == c and c > 1 and value.shape[-1] != c):
+            break
+        v = value.reshape(-1).astype(np.float64)
+        if node.op_type == "Mul":
+            scale, shift = scale * v, shift * v
+        else:
+            shift = shift + v
+        nodes, y = (*nodes, node), node.output[0]
+    return scale, shift, nodes, y
+
+
+def _zero_pad(g: _Graph, node: NodeProto, producers: dict[str, NodeProto]
+              ) -> tuple[NodeProto, list[int]] | None:
+    """(the Pad, its spatial pads as [top, left, bottom, right]) when X is a constant-zero Pad of
+    the height and width of a channels-last value, read by the depthwise `node` alone."""
+    pad = producers.get(node.input[0])
+    if pad is None or pad.op_type != "Pad" or pad.domain not in ("", "ai.onnx") \
+            or pad.output[0] in g.outputs \
+            or [id(r) for r in g.readers.get(pad.output[0], [])] != [id(node)] \
+            or any(a.name != "mode" or a.s not in (b"", b"constant") for a in pad.attribute) \
+            or len(pad.input) < 2 or len(pad.input) > 3 or pad.input[1] not in g.inits:
+        return None
+    if len(pad.input) == 3 and pad.input[2]:
+        fill = g.inits.get(pad.input[2])
+        if fill is None or numpy_helper.to_array(fill).size != 1 or numpy_helper.to_array(fill).item() != 0:
+            return None
+    pads = [int(v) for v in numpy_helper.to_array(g.inits[pad.input[1]]).reshape(-1)]
+    if len(pads) != 8 or pads[0] or pads[3] or pads[4] or pads[7] or min(pads) < 0:
+        return None
+    return pad, [pads[1], pads[2], pads[5], pads[6]]
 
 
 def _pre_activation(g: _Graph, node: NodeProto, producers: dict[str, NodeProto],
