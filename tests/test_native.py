@@ -664,3 +664,42 @@ def test_depthwise_takes_an_explicit_pad_and_a_per_channel_affine(monkeypatch: p
     np.testing.assert_allclose(oxla.InferenceSession(data).run(None, {"x": x})[0], want, rtol=1e-5, atol=1e-5)
     again = ort.InferenceSession(planned.SerializeToString(), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(again.run(None, {"x": x})[0], want, rtol=1e-5, atol=1e-5)
+
+
+def _native_node(op: str, inits: dict[str, np.ndarray], x_shape: tuple[int, ...], **attrs) -> bytes:
+    """A model of one oxla.native node on X and these initializers, not made by the planner."""
+    node = helper.make_node(op, ["x", *inits], ["y"], domain=native_rule.DOMAIN, **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x_shape)],
+                              [helper.make_empty_tensor_value_info("y")],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(native_rule.DOMAIN, 1)],
+                             ir_version=9).SerializeToString()
+
+
+@pytest.mark.parametrize("op, inits, attrs, message", [
+    ("ConvRelu", {"w": np.zeros((1, 144, 32), np.float32), "b": np.zeros(64, np.float32)},
+     {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1]},
+     r"W \(1, 144, 32\) is not packed for the \(64,\) bias"),
+    ("Conv", {"w": np.zeros((1, 144, 32), np.float32), "b": np.zeros(32, np.float32)},
+     {"kernel_shape": [3, 3], "strides": [1, 0], "pads": [1, -2, 1, 1], "dilations": [1, 1]},
+     r"strides \[1, 0\] .* must be at least 1"),
+    ("DepthwiseRelu", {"w": np.zeros((3, 3, 16), np.float32), "b": np.zeros(17, np.float32)},
+     {"strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": 16},
+     r"the bias \(17,\) is not \(16,\)"),
+    ("ReluDepthwise", {"w": np.zeros((3, 3, 16), np.float32), "b": np.zeros(16, np.float32),
+                       "pb": np.zeros(3, np.float32)},
+     {"strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": 16},
+     r"pre-activation's bias \(3,\) is not \(16,\)"),
+    ("Depthwise", {"w": np.zeros((3, 3, 16), np.float32), "b": np.zeros(16, np.float32)},
+     {"strides": [0, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": 16},
+     r"strides \[0, 1\] .* must be at least 1"),
+    ("Depthwise", {"w": np.zeros((9, 9, 16), np.float32), "b": np.zeros(16, np.float32)},
+     {"strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1], "group": 16},
+     r"X \(1, 8, 8, 16\) is smaller than the 9x9 kernel's window"),
+])
+def test_hostile_native_nodes_are_clear_errors(op: str, inits: dict, attrs: dict, message: str) -> None:
+    """oxla.native nodes a file brings itself, with inconsistent shapes or windows: an error
+    naming the node, never a crash in the kernel (with or without it)."""
+    data = _native_node(op, inits, (1, 8, 8, 16), **attrs)
+    with pytest.raises(oxla.OxlaError, match=message):
+        oxla.InferenceSession(data).run(None, {"x": np.ones((1, 8, 8, 16), np.float32)})

@@ -59,7 +59,24 @@ def _epilogue(y, activation: str, lo: float, hi: float):
     return y
 
 
+def _check_packed(cx, w, b) -> None:
+    """W packed for B's N columns: (ceil(N / 32), K, 32), B (N,)."""
+    n = b.shape[0] if b.ndim == 1 else -1
+    if w.ndim != 3 or w.shape[2] != native.NR or n < 1 or w.shape[0] != -(-n // native.NR):
+        raise cx.shape_error(f"W {tuple(w.shape)} is not packed for the {tuple(b.shape)} bias "
+                             f"(want ({-(-max(n, 1) // native.NR)}, K, {native.NR})); this node "
+                             f"was not made by oxla's planner")
+
+
+def _check_window(cx, kernel, strides, pads, dilations) -> None:
+    if min(kernel) < 1 or min(strides) < 1 or min(dilations) < 1 or min(pads) < 0:
+        raise cx.fail(f"kernel {list(kernel)}, strides {list(strides)} and dilations "
+                      f"{list(dilations)} must be at least 1 and pads {list(pads)} at least 0; "
+                      f"this node was not made by oxla's planner")
+
+
 def _gemm(cx, x, w, b, r, activation: str, lo: float = 0.0, hi: float = 0.0):
+    _check_packed(cx, w, b)
     n = b.shape[0]
     if x.ndim < 1 or x.shape[-1] != w.shape[1]:
         raise cx.shape_error(f"X {tuple(x.shape)} has {x.shape[-1] if x.ndim else 0} channels "
@@ -95,6 +112,8 @@ def _conv(cx, x, w, b, r, activation: str, lo: float, hi: float, kernel_shape, s
     if any(a is None for a in window) or [len(a) for a in window] != [2, 2, 4, 2]:
         raise cx.fail("needs 2-D kernel_shape, strides, pads and dilations attributes, all given "
                       "(NativeGemmPass writes them); this node was not made by oxla's planner")
+    _check_packed(cx, w, b)
+    _check_window(cx, kernel_shape, strides, pads, dilations)
     kh, kw = (int(k) for k in kernel_shape)
     sh, sw = (int(v) for v in strides)
     dh, dw = (int(v) for v in dilations)
@@ -172,14 +191,18 @@ def _depthwise(cx, x, w, b, activation: str, lo: float, hi: float, strides, pads
         raise cx.fail("needs a (KH, KW, C) kernel and 2-D strides, pads and dilations attributes, "
                       "all given (DepthwisePass writes them); this node was not made by oxla's "
                       "planner")
+    _check_window(cx, w.shape, strides, pads, dilations)
     kh, kw, c = (int(v) for v in w.shape)
     sh, sw = (int(v) for v in strides)
     dh, dw = (int(v) for v in dilations)
     pt, pl, pb, pr = (int(v) for v in pads)
-    if x.ndim != 4 or x.shape[-1] != c or b.shape != (c,) \
-            or (pre is not None and tuple(pre[0].shape) != (c,)):
+    if x.ndim != 4 or x.shape[-1] != c:
         raise cx.shape_error(f"X {tuple(x.shape)} is not (N, H, W, {c}) as the depthwise kernel "
                              f"reads; check the model's Conv input")
+    for what, v in (("bias", b), ("pre-activation's bias", None if pre is None else pre[0])):
+        if v is not None and tuple(v.shape) != (c,):
+            raise cx.shape_error(f"the {what} {tuple(v.shape)} is not ({c},) as the kernel "
+                                 f"{tuple(w.shape)}; this node was not made by oxla's planner")
     oh = (x.shape[1] + pt + pb - dh * (kh - 1) - 1) // sh + 1
     ow = (x.shape[2] + pl + pr - dw * (kw - 1) - 1) // sw + 1
     if oh < 1 or ow < 1:
