@@ -97,6 +97,15 @@ def test_one_thread_client_runs_alone() -> None:
                                _reference(x, w, b, None, "Relu"), rtol=1e-5, atol=1e-4)
 
 
+def _model(nodes: list[onnx.NodeProto], x_shape: tuple[int, ...], outputs: dict[str, tuple[int, ...]],
+           inits: list[onnx.TensorProto]) -> onnx.ModelProto:
+    """An opset-17 model of these nodes on a float input x, with float outputs of these shapes."""
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, shape)
+                               for n, shape in outputs.items()], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
 def _net(size: int = 28, *, se: bool = True) -> onnx.ModelProto:
     """1x1 convolutions followed by each epilogue the pass folds, and a squeeze-excitation branch
     that must stay XLA's."""
@@ -125,9 +134,7 @@ def _net(size: int = 28, *, se: bool = True) -> onnx.ModelProto:
                   helper.make_node("Sigmoid", ["e"], ["e_s"]), helper.make_node("Mul", ["y0", "e_s"], ["y"])]
     else:
         nodes.append(helper.make_node("Identity", ["y0"], ["y"]))
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, (1, 32, size, size))],
-                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, (1, c, size, size))], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    return _model(nodes, (1, 32, size, size), {"y": (1, c, size, size)}, inits)
 
 
 def _planned(model: onnx.ModelProto, threads: int = 2) -> onnx.ModelProto:
@@ -352,10 +359,7 @@ def _conv_net(size: int = 20) -> onnx.ModelProto:
              helper.make_node("Add", ["c", "b_hs"], ["c_add"]), helper.make_node("Relu", ["c_add"], ["c_r"]),
              conv("d", "c_r", 48, 16, 1, pads=[1, 1, 1, 1])]
     half = (size + 1) // 2
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, (1, 3, size, size))],
-                              [helper.make_tensor_value_info("d", onnx.TensorProto.FLOAT, (1, 16, half + 2, half + 1))],
-                              inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    return _model(nodes, (1, 3, size, size), {"d": (1, 16, half + 2, half + 1)}, inits)
 
 
 @needs_kernel
@@ -515,10 +519,7 @@ def _dw_net(size: int = 24) -> onnx.ModelProto:
              conv("g", "m", 2 * c, 2 * c, 3, 4, pads=[1, 1, 1, 1]),         # 4 groups
              conv("d", "g", 2 * c, 2 * c, 3, 2 * c, pads=[0, 1, 2, 1])]
     half = size // 2
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, (1, c, size, size))],
-                              [helper.make_tensor_value_info("d", onnx.TensorProto.FLOAT, (1, 2 * c, half, half))],
-                              inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    return _model(nodes, (1, c, size, size), {"d": (1, 2 * c, half, half)}, inits)
 
 
 @needs_kernel
@@ -598,11 +599,7 @@ def _expand_dw_net(act: str) -> onnx.ModelProto:
              helper.make_node("Conv", ["q_a", "k_w", "k_b"], ["k"], kernel_shape=[3, 3], group=e, strides=[2, 2],
                               pads=[1, 1, 1, 1]),
              helper.make_node("Add", ["d_r", "q_a"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, (1, c, size, size))],
-                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, (1, e, size, size)),
-                               helper.make_tensor_value_info("k", onnx.TensorProto.FLOAT, (1, e, size // 2, size // 2))],
-                              inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    return _model(nodes, (1, c, size, size), {"y": (1, e, size, size), "k": (1, e, size // 2, size // 2)}, inits)
 
 
 @needs_kernel
@@ -650,9 +647,7 @@ def test_depthwise_takes_an_explicit_pad_and_a_per_channel_affine(monkeypatch: p
              helper.make_node("Conv", ["p", "w"], ["d"], kernel_shape=[3, 3], group=c, strides=[2, 2]),
              helper.make_node("Mul", ["d", "scale"], ["m"]), helper.make_node("Add", ["m", "shift"], ["a"]),
              helper.make_node("Clip", ["a", "lo", "hi"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, (1, c, 16, 16))],
-                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, (1, c, 8, 8))], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    model = _model(nodes, (1, c, 16, 16), {"y": (1, c, 8, 8)}, inits)
     planned = _planned(model)
     assert [n.op_type for n in planned.graph.node if n.op_type in ("Pad", "Mul", "Add", "Clip", "DepthwiseClip")] \
         == ["DepthwiseClip"]

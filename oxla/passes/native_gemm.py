@@ -274,15 +274,23 @@ def _product(node: NodeProto, producers: dict[str, NodeProto], inits: dict[str, 
     return hwio.reshape((-1, hwio.shape[3])), names, b, window
 
 
+def _tables(model: ModelProto) -> tuple[dict[str, int], dict[str, TensorProto],
+                                        dict[str, NodeProto]]:
+    """The model's opsets, its constant initializers (not overridable by an input) and each
+    value's producer in the main graph."""
+    graph = model.graph
+    fed = {i.name for i in graph.input}
+    return (model_opsets(model.opset_import),
+            {t.name: t for t in graph.initializer if t.name not in fed},
+            {o: n for n in graph.node for o in n.output})
+
+
 def convs_to_native(model: ModelProto) -> int:
     """Rewrite the eligible 1x1 convolutions of the main graph; returns how many."""
-    opsets = model_opsets(model.opset_import)
+    opsets, inits, producers = _tables(model)
     if opsets.get("", 1) < MIN_OPSET:
         return 0
     graph = model.graph
-    fed = {i.name for i in graph.input}
-    inits = {t.name: t for t in graph.initializer if t.name not in fed}
-    producers = {o: n for n in graph.node for o in n.output}
     candidates = [(node, *found) for node in graph.node
                   if (found := _product(node, producers, inits)) is not None]
     if not candidates:
@@ -365,13 +373,10 @@ def _depthwise(node: NodeProto, producers: dict[str, NodeProto], inits: dict[str
 def depthwise_to_native(model: ModelProto) -> int:
     """Rewrite the eligible depthwise convolutions of the main graph (`DEPTHWISE`); returns how
     many."""
-    opsets = model_opsets(model.opset_import)
+    opsets, inits, producers = _tables(model)
     if opsets.get("", 1) < MIN_OPSET:
         return 0
     graph = model.graph
-    fed = {i.name for i in graph.input}
-    inits = {t.name: t for t in graph.initializer if t.name not in fed}
-    producers = {o: n for n in graph.node for o in n.output}
     candidates = [(node, *found) for node in graph.node
                   if DEPTHWISE and (found := _depthwise(node, producers, inits)) is not None]
     if not candidates:

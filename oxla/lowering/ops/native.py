@@ -75,6 +75,17 @@ def _check_window(cx, kernel, strides, pads, dilations) -> None:
                       f"this node was not made by oxla's planner")
 
 
+def _out_sizes(cx, x, kernel, strides, pads, dilations) -> tuple[int, int]:
+    """(OH, OW) of a 2-D window over channels-last X, which must hold one window at least."""
+    (kh, kw), (sh, sw), (pt, pl, pb, pr), (dh, dw) = kernel, strides, pads, dilations
+    oh = (x.shape[1] + pt + pb - dh * (kh - 1) - 1) // sh + 1
+    ow = (x.shape[2] + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    if oh < 1 or ow < 1:
+        raise cx.shape_error(f"X {tuple(x.shape)} is smaller than the {kh}x{kw} kernel's "
+                             f"window (pads {list(pads)}, dilations {list(dilations)})")
+    return oh, ow
+
+
 def _gemm(cx, x, w, b, r, activation: str, lo: float = 0.0, hi: float = 0.0):
     _check_packed(cx, w, b)
     n = b.shape[0]
@@ -122,11 +133,7 @@ def _conv(cx, x, w, b, r, activation: str, lo: float, hi: float, kernel_shape, s
     if x.ndim != 4 or x.shape[-1] != c or c * kh * kw != w.shape[1]:
         raise cx.shape_error(f"X {tuple(x.shape)} is not (N, H, W, {c}) as the {kh}x{kw} kernel "
                              f"reads; check the model's Conv input")
-    oh = (x.shape[1] + pt + pb - dh * (kh - 1) - 1) // sh + 1
-    ow = (x.shape[2] + pl + pr - dw * (kw - 1) - 1) // sw + 1
-    if oh < 1 or ow < 1:
-        raise cx.shape_error(f"X {tuple(x.shape)} is smaller than the {kh}x{kw} kernel's "
-                             f"window (pads {list(pads)}, dilations {list(dilations)})")
+    oh, ow = _out_sizes(cx, x, (kh, kw), (sh, sw), (pt, pl, pb, pr), (dh, dw))
     shape = (x.shape[0], oh, ow, n)
     if r is not None:
         try:
@@ -203,11 +210,7 @@ def _depthwise(cx, x, w, b, activation: str, lo: float, hi: float, strides, pads
         if v is not None and tuple(v.shape) != (c,):
             raise cx.shape_error(f"the {what} {tuple(v.shape)} is not ({c},) as the kernel "
                                  f"{tuple(w.shape)}; this node was not made by oxla's planner")
-    oh = (x.shape[1] + pt + pb - dh * (kh - 1) - 1) // sh + 1
-    ow = (x.shape[2] + pl + pr - dw * (kw - 1) - 1) // sw + 1
-    if oh < 1 or ow < 1:
-        raise cx.shape_error(f"X {tuple(x.shape)} is smaller than the {kh}x{kw} kernel's "
-                             f"window (pads {list(pads)}, dilations {list(dilations)})")
+    oh, ow = _out_sizes(cx, x, (kh, kw), (sh, sw), (pt, pl, pb, pr), (dh, dw))
     if x.dtype == jnp.float32 and native.available():
         return depthwise(x, w, b, (oh, ow), (sh, sw), (pt, pl), (dh, dw),
                          max(1, cx.options.native_threads), activation, lo, hi, pre)
