@@ -106,6 +106,23 @@ def _model(nodes: list[onnx.NodeProto], x_shape: tuple[int, ...], outputs: dict[
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
 
 
+def _agrees(model: onnx.ModelProto, planned: onnx.ModelProto, x: np.ndarray, tol: float = 1e-4) -> list[np.ndarray]:
+    """The model's outputs from onnxruntime, after checking that a session, the planned model
+    (its native ops' function bodies over standard ops) in onnxruntime, and those bodies in oxla
+    give the same."""
+    onnx.checker.check_model(planned)
+    data = model.SerializeToString()
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    bodies = onnx.ModelProto()
+    bodies.CopyFrom(planned)
+    for got in (oxla.InferenceSession(data).run(None, {"x": x}),
+                ort.InferenceSession(planned.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x}),
+                [np.asarray(v) for v in oxla.CompiledModel(bodies)({"x": x}).values()]):
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
+    return want
+
+
 def _net(size: int = 28, *, se: bool = True) -> onnx.ModelProto:
     """1x1 convolutions followed by each epilogue the pass folds, and a squeeze-excitation branch
     that must stay XLA's."""
@@ -153,15 +170,7 @@ def test_pass_folds_epilogues_and_agrees_with_onnxruntime(monkeypatch: pytest.Mo
     assert not any(n.op_type in ("Relu", "HardSwish", "Clip") for n in planned.graph.node)
     # the squeeze-excitation 1x1 convolution (one row per image) stays a convolution
     assert [n.op_type for n in planned.graph.node if n.op_type == "Conv"] == ["Conv"]
-    onnx.checker.check_model(planned)
-    x = RNG.standard_normal((1, 32, 28, 28)).astype(np.float32)
-    data = model.SerializeToString()
-    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    got = oxla.InferenceSession(data).run(None, {"x": x})[0]
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    # the planned model (its native ops function bodies over standard ops) runs in onnxruntime
-    again = ort.InferenceSession(planned.SerializeToString(), providers=["CPUExecutionProvider"])
-    np.testing.assert_allclose(again.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
+    _agrees(model, planned, RNG.standard_normal((1, 32, 28, 28)).astype(np.float32))
 
 
 @needs_kernel
@@ -374,17 +383,7 @@ def test_pass_takes_convolutions_and_agrees_with_onnxruntime(monkeypatch: pytest
     b = next(n for n in planned.graph.node if n.op_type == "ConvHardSwish")
     assert {a.name: list(a.ints) for a in b.attribute} == {
         "kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 0, 1, 1], "dilations": [1, 1]}
-    onnx.checker.check_model(planned)
-    x = RNG.standard_normal((1, 3, 20, 20)).astype(np.float32)
-    data = model.SerializeToString()
-    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    got = oxla.InferenceSession(data).run(None, {"x": x})[0]
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    # the Conv* function bodies (Conv between transposes) run in onnxruntime and in oxla
-    again = ort.InferenceSession(planned.SerializeToString(), providers=["CPUExecutionProvider"])
-    np.testing.assert_allclose(again.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
-    bodies = oxla.CompiledModel(_planned(model))({"x": x})
-    np.testing.assert_allclose(np.asarray(bodies["d"]), want, rtol=1e-4, atol=1e-4)
+    _agrees(model, planned, RNG.standard_normal((1, 3, 20, 20)).astype(np.float32))  # Conv between transposes
 
 
 @needs_kernel
@@ -530,23 +529,15 @@ def test_depthwise_pass_agrees_with_onnxruntime(monkeypatch: pytest.MonkeyPatch)
     kinds = [n.op_type for n in planned.graph.node if n.domain == native_rule.DOMAIN]
     assert kinds == ["DepthwiseRelu", "DepthwiseClip", "Depthwise"]
     assert len([n for n in planned.graph.node if n.op_type == "Conv"]) == 2  # multiplier 2, groups
-    onnx.checker.check_model(planned)
     x = RNG.standard_normal((1, 32, 24, 24)).astype(np.float32)
+    want = _agrees(model, planned, x)
     data = model.SerializeToString()
-    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     session = oxla.InferenceSession(data)
     if cpu_client.cores() > 1:  # a session plans native kernels where it may use several cores
         assert [n.op_type for n in session.compiled.plan.nodes if n.domain == native_rule.DOMAIN] == kinds
-    np.testing.assert_allclose(session.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
-    # the function bodies run in onnxruntime and in oxla
-    again = ort.InferenceSession(planned.SerializeToString(), providers=["CPUExecutionProvider"])
-    np.testing.assert_allclose(again.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(np.asarray(oxla.CompiledModel(_planned(model))({"x": x})["d"]), want,
-                               rtol=1e-4, atol=1e-4)
     # traced where the kernel cannot be used: the rule computes the same with XLA
-    fallback = oxla.InferenceSession(data)
     monkeypatch.setattr(native, "available", lambda: False)
-    np.testing.assert_allclose(fallback.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], want[0], rtol=1e-4, atol=1e-4)
 
 
 @needs_kernel
@@ -614,19 +605,12 @@ def test_depthwise_reads_its_producers_bias_and_activation(monkeypatch: pytest.M
     product = next(n for n in planned.graph.node if fused.input[0] in n.output)
     assert product.op_type == "Conv" and len(product.input) == 2  # its bias moved to the kernel
     assert not [n for n in planned.graph.node if n.op_type == act and n.output[0] == "p_a"]
-    onnx.checker.check_model(planned)
     x = RNG.standard_normal((1, 8, 20, 20)).astype(np.float32)
-    data = model.SerializeToString()
-    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    for got in (oxla.InferenceSession(data).run(None, {"x": x}),
-                ort.InferenceSession(planned.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x}),
-                [np.asarray(v) for v in oxla.CompiledModel(_planned(model))({"x": x}).values()]):
-        for g, w in zip(got, want):
-            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+    want = _agrees(model, planned, x)
     # traced where the kernel cannot be used: the rule applies the bias and activation with XLA
-    fallback = oxla.InferenceSession(data)
+    fallback = oxla.InferenceSession(model.SerializeToString())
     monkeypatch.setattr(native, "available", lambda: False)
-    for g, w in zip(fallback.run(None, {"x": x}), want):
+    for g, w in zip(fallback.run(None, {"x": x}), want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
 
 
@@ -653,12 +637,7 @@ def test_depthwise_takes_an_explicit_pad_and_a_per_channel_affine(monkeypatch: p
         == ["DepthwiseClip"]
     dw = next(n for n in planned.graph.node if n.op_type == "DepthwiseClip")
     assert [list(a.ints) for a in dw.attribute if a.name == "pads"] == [[0, 0, 1, 1]]
-    x = RNG.standard_normal((1, c, 16, 16)).astype(np.float32) * 3
-    data = model.SerializeToString()
-    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    np.testing.assert_allclose(oxla.InferenceSession(data).run(None, {"x": x})[0], want, rtol=1e-5, atol=1e-5)
-    again = ort.InferenceSession(planned.SerializeToString(), providers=["CPUExecutionProvider"])
-    np.testing.assert_allclose(again.run(None, {"x": x})[0], want, rtol=1e-5, atol=1e-5)
+    _agrees(model, planned, RNG.standard_normal((1, c, 16, 16)).astype(np.float32) * 3, tol=1e-5)
 
 
 def _native_node(op: str, inits: dict[str, np.ndarray], x_shape: tuple[int, ...], **attrs) -> bytes:
