@@ -367,8 +367,8 @@ def _conv_net(size: int = 20) -> onnx.ModelProto:
              conv("c", "b_hs", 48, 48, 3, bias=False, pads=[2, 2, 2, 2], dilations=[2, 2]),
              helper.make_node("Add", ["c", "b_hs"], ["c_add"]), helper.make_node("Relu", ["c_add"], ["c_r"]),
              conv("d", "c_r", 48, 16, 1, pads=[1, 1, 1, 1])]
-    half = (size + 1) // 2
-    return _model(nodes, (1, 3, size, size), {"d": (1, 16, half + 2, half + 1)}, inits)
+    half = (size - 1) // 2 + 1  # b's output, stride 2 (pads 1, 0, 1, 1)
+    return _model(nodes, (1, 3, size, size), {"d": (1, 16, half + 2, half + 2)}, inits)
 
 
 @needs_kernel
