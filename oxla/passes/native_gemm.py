@@ -33,11 +33,12 @@ its taps loop, and would otherwise write the activated product in a pass of its 
 explicit zero Pad of the height and width before it becomes the kernel's own pads, and Mul and Add
 by per-channel constants after it (tf2onnx's batch norm) are folded into W and B.
 
-Why (docs/benchmarks.md, ninth round): the kernel splits each product into parts that the
-caller and the intra-op pool's threads claim, where XLA:CPU's dots gain little from the second
-core, and the epilogue saves a pass over the output. Products by constant matrices in
-transformers (MatMul, Gemm) were measured too and are left to XLA: BERT-base equal, ViT-S/16
-slower (XLA's YNNPACK dots fuse what surrounds them).
+Why (docs/benchmarks.md, ninth and tenth rounds): the kernels split each layer into parts that
+the caller and the intra-op pool's threads claim, where XLA:CPU's dots gain little from the
+second core and its depthwise taps loop nothing, and the epilogue saves a pass over the output.
+Products by constant matrices in transformers (MatMul, Gemm) were measured too and are left to
+XLA: 5-22% faster alone, but BERT-base and ViT-S/16 ran 7-10% slower with them, beside
+YNNPACK's fusions.
 
 The pass runs only when the plan asks for it (`Options.native_threads`, set by InferenceSession
 for CPU sessions that may use several cores) and the kernel builds and loads here
@@ -87,7 +88,8 @@ MIN_OPSET = 11  # the function bodies' Slice and Clip read their bounds as input
 # with every 1x1 convolution native against 1.77 / 1.61 ms without; with this bound 1.64 / 1.63
 # against 1.64 / 1.63; EfficientNet-B0 keeps most of its gain (7.53 / 7.44 against 7.87 / 7.79).
 MIN_FLOPS = 2e7
-# Convolutions other than 1x1 (group 1, 2-D) run on the kernel's implicit-GEMM form too.
+# Convolutions other than 1x1 (group 1, 2-D) run on the kernel's implicit-GEMM form too (False:
+# XLA's, for measuring).
 CONVS = True
 WINDOW = ("kernel_shape", "strides", "pads", "dilations")  # a Conv* node's attributes
 # Depthwise convolutions known to be smaller stay XLA's (2 x output pixels x channels x taps):
@@ -96,10 +98,11 @@ WINDOW = ("kernel_shape", "strides", "pads", "dilations")  # a Conv* node's attr
 # 3.40 -> 3.26, MobileNetV3-small (8) 1.62 -> 1.63 and 1.60 -> 1.64; with 3e6 the detector's 3
 # largest alone ran slower (3.31 -> 3.43), EfficientNet-B0's 8 gained less.
 DEPTHWISE_MIN_FLOPS = 1e6
-DEPTHWISE = True
-# Activations a depthwise convolution applies to its input as it loads it (with the bias before).
-# MobileNetV3-small (8 layers), default threads, both orders twice, against reading the activated
-# product: 1.646 / 1.690 / 1.640 / 1.662 ms against 1.711 / 1.680 / 1.679 / 1.667 (-1.4%).
+DEPTHWISE = True  # False: depthwise convolutions stay XLA's (for measuring)
+# A depthwise convolution applies its producer's bias and activation (PRE_ACTIVATIONS) as it loads
+# X (False: it reads the activated product, for measuring). MobileNetV3-small (8 layers), default
+# threads, both orders twice, against reading the activated product: 1.646 / 1.690 / 1.640 /
+# 1.662 ms against 1.711 / 1.680 / 1.679 / 1.667 (-1.4%).
 PRE_ACTIVATION = True
 # A squeeze-excitation branch (1x1 convolutions on a globally pooled image: one row per image)
 # stays XLA's whatever shape inference finds: matrix-vector products, which XLA fuses with their
@@ -286,7 +289,8 @@ def _tables(model: ModelProto) -> tuple[dict[str, int], dict[str, TensorProto],
 
 
 def convs_to_native(model: ModelProto) -> int:
-    """Rewrite the eligible 1x1 convolutions of the main graph; returns how many."""
+    """Rewrite the eligible convolutions (Gemm* for 1x1, Conv* for the others) of the main graph;
+    returns how many."""
     opsets, inits, producers = _tables(model)
     if opsets.get("", 1) < MIN_OPSET:
         return 0
