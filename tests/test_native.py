@@ -320,6 +320,7 @@ def _conv_call(x, hwio, b, r, act, threads, strides, pads, dilations):
     (1, 5, 5, 8, 8, 1, 1, (2, 2), (0, 0, 0, 0), (1, 1)),       # strided 1x1
     (1, 7, 7, 160, 200, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),   # W over 1 MB: rows held longer
     (1, 3, 3, 5, 7, 3, 3, (1, 1), (0, 0, 0, 0), (1, 1)),       # one output pixel
+    (1, 4, 4, 0, 8, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),       # no channels: the bias alone
 ])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_conv_kernel_matches_float64(case: tuple, threads: int) -> None:

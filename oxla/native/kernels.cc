@@ -474,7 +474,8 @@ constexpr int64_t CONV_ROWS_MAX_BYTES = 4 << 20;
 void conv_range(const ConvJob& j, int64_t b0, int64_t b1, int64_t p0, int64_t p1) {
   int64_t row_bytes = MR * j.K * (int64_t)sizeof(float);
   bool wide = j.K * ((j.M + NR - 1) / NR) * NR * (int64_t)sizeof(float) > DIRECT_W_BYTES;
-  int64_t group = (wide ? CONV_ROWS_MAX_BYTES : CONV_ROWS_BYTES) / row_bytes;
+  // no channels (K = 0): the bias alone, every block in one group
+  int64_t group = row_bytes ? (wide ? CONV_ROWS_MAX_BYTES : CONV_ROWS_BYTES) / row_bytes : b1 - b0;
   if (group < 1) group = 1;
   if (group > b1 - b0) group = b1 - b0;
   thread_local std::vector<float> buf;
