@@ -678,3 +678,35 @@ def test_hostile_native_nodes_are_clear_errors(op: str, inits: dict, attrs: dict
     data = _native_node(op, inits, (1, 8, 8, 16), **attrs)
     with pytest.raises(oxla.OxlaError, match=message):
         oxla.InferenceSession(data).run(None, {"x": np.ones((1, 8, 8, 16), np.float32)})
+
+
+@needs_kernel
+def test_kernels_on_random_windows() -> None:
+    """Both convolution kernels against float64 on random small windows: sizes from 1, kernels
+    wider than X, strides and dilations up to 3 and 2, pads up to 5 on any side, every
+    activation, pre-activations, one or two threads."""
+    rng = np.random.default_rng(5)
+    done = 0
+    while done < 40:
+        n, h, w, c = int(rng.integers(1, 3)), int(rng.integers(1, 12)), int(rng.integers(1, 12)), int(rng.integers(1, 40))
+        kh, kw = int(rng.choice([1, 2, 3, 5, 7])), int(rng.choice([1, 2, 3, 5, 7]))
+        strides = (int(rng.integers(1, 4)), int(rng.integers(1, 4)))
+        dilations = (int(rng.integers(1, 3)), int(rng.integers(1, 3)))
+        pads = tuple(int(v) for v in rng.integers(0, 6, 4))
+        if (h + pads[0] + pads[2] - dilations[0] * (kh - 1) - 1) < 0 or (w + pads[1] + pads[3] - dilations[1] * (kw - 1) - 1) < 0:
+            continue
+        done += 1
+        x = rng.standard_normal((n, h, w, c)).astype(np.float32)
+        act, threads = str(rng.choice(["", "Relu", "Clip", "Silu", "HardSwish"])), int(rng.integers(1, 3))
+        k, b = rng.standard_normal((kh, kw, c)).astype(np.float32), rng.standard_normal(c).astype(np.float32)
+        pre = None if rng.random() < 0.5 else (rng.standard_normal(c).astype(np.float32),
+                                               str(rng.choice(["Relu", "Clip", "HardSwish"])))
+        case = (n, h, w, c, kh, kw, strides, pads, dilations, act, pre and pre[1])
+        np.testing.assert_allclose(_dw_call(x, k, b, act, threads, strides, pads, dilations, pre),
+                                   _dw_reference(x, k, b, act, strides, pads, dilations, pre),
+                                   rtol=1e-4, atol=1e-4 * kh * kw, err_msg=str(case))
+        m = int(rng.integers(1, 70))
+        hwio, bias = rng.standard_normal((kh, kw, c, m)).astype(np.float32), rng.standard_normal(m).astype(np.float32)
+        np.testing.assert_allclose(_conv_call(x, hwio, bias, None, act, threads, strides, pads, dilations),
+                                   _conv_reference(x, hwio, bias, None, act, strides, pads, dilations),
+                                   rtol=1e-4, atol=1e-4 * (kh * kw * c) ** 0.5, err_msg=str(case))
