@@ -50,7 +50,7 @@ standard Conv between two transposes).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -324,20 +324,9 @@ def convs_to_native(model: ModelProto) -> int:
             inputs.append(fold.residual)
         if fold.bounds:
             inputs.extend(fold.bounds)
-        del node.input[:]
-        node.input.extend(inputs)
-        node.output[0] = fold.output
-        node.domain = DOMAIN
-        node.op_type = op_type(bool(fold.residual), fold.activation,
-                               "Gemm" if window is None else "Conv")
-        del node.attribute[:]
-        if window is not None:
-            node.attribute.extend(helper.make_attribute(k, v) for k, v in window.items())
-        if fold.absorbed:  # the fused node runs where the last node it absorbs ran
-            removed.update(id(n) for n in fold.absorbed)
-            g.taken.update(id(n) for n in fold.absorbed)
-            moved[id(fold.absorbed[-1])] = node
-            removed.add(id(node))
+        _rewrite(g, node, op_type(bool(fold.residual), fold.activation,
+                                  "Gemm" if window is None else "Conv"),
+                 inputs, window or {}, fold, removed, moved)
         count += 1
     if count:
         _finish(model, opsets, removed, moved)
@@ -358,7 +347,7 @@ def _bias(node: NodeProto, inits: dict[str, TensorProto], n: int) -> tuple[bool,
 
 def _depthwise(node: NodeProto, producers: dict[str, NodeProto], inits: dict[str, TensorProto]
                ) -> tuple[np.ndarray, np.ndarray | None, dict[str, list[int]]] | None:
-    """(W as (KH, KW, C) float32, the (C,) bias or None, the window with the group) of a
+    """(W as (KH, KW, C) float32, the (C,) bias or None, the window) of a
     channels-last depthwise Conv (one output channel per input channel) the kernel can run."""
     if not (node.op_type == "Conv" and node.domain == LAST and len(node.input) >= 2):
         return None
@@ -371,7 +360,7 @@ def _depthwise(node: NodeProto, producers: dict[str, NodeProto], inits: dict[str
     if window is None or not plain:
         return None
     del window["kernel_shape"]  # W's shape
-    return np.ascontiguousarray(found[0][:, :, 0, :]), b, {**window, "group": [c]}
+    return np.ascontiguousarray(found[0][:, :, 0, :]), b, window
 
 
 def depthwise_to_native(model: ModelProto) -> int:
@@ -421,19 +410,8 @@ def depthwise_to_native(model: ModelProto) -> int:
             removed.add(id(act_node))
             g.taken.add(id(act_node))
         inputs.extend(fold.bounds or ())
-        del node.input[:]
-        node.input.extend(inputs)
-        node.output[0] = fold.output
-        node.domain = DOMAIN
-        node.op_type = depthwise_op_type(pre[2].activation if pre else None, fold.activation)
-        del node.attribute[:]
-        node.attribute.extend(helper.make_attribute(k, v if k != "group" else v[0])
-                              for k, v in window.items())
-        if fold.absorbed:
-            removed.update(id(n) for n in fold.absorbed)
-            g.taken.update(id(n) for n in fold.absorbed)
-            moved[id(fold.absorbed[-1])] = node
-            removed.add(id(node))
+        _rewrite(g, node, depthwise_op_type(pre[2].activation if pre else None, fold.activation),
+                 inputs, {**window, "group": kernel.shape[2]}, fold, removed, moved)
     _finish(model, opsets, removed, moved)
     return len(candidates)
 
@@ -474,8 +452,10 @@ def _zero_pad(g: _Graph, node: NodeProto, producers: dict[str, NodeProto]
             or len(pad.input) < 2 or len(pad.input) > 3 or pad.input[1] not in g.inits:
         return None
     if len(pad.input) == 3 and pad.input[2]:
-        fill = g.inits.get(pad.input[2])
-        if fill is None or numpy_helper.to_array(fill).size != 1 or numpy_helper.to_array(fill).item() != 0:
+        if pad.input[2] not in g.inits:
+            return None
+        fill = numpy_helper.to_array(g.inits[pad.input[2]])
+        if fill.size != 1 or fill.item() != 0:
             return None
     pads = [int(v) for v in numpy_helper.to_array(g.inits[pad.input[1]]).reshape(-1)]
     if len(pads) != 8 or pads[0] or pads[3] or pads[4] or pads[7] or min(pads) < 0:
@@ -507,6 +487,24 @@ def _pre_activation(g: _Graph, node: NodeProto, producers: dict[str, NodeProto],
         return None
     plain, bias = _bias(product, g.inits, found[0].shape[3])
     return (product, act, fold, bias) if plain and bias is not None else None
+
+
+def _rewrite(g: _Graph, node: NodeProto, op: str, inputs: list[str],
+             attributes: Mapping[str, list[int] | int], fold: _Fold, removed: set[int],
+             moved: dict[int, NodeProto]) -> None:
+    """`node` becomes the native op `op` on these inputs and attributes, producing what `fold`
+    absorbed; it runs where the last node it absorbs ran."""
+    del node.input[:]
+    node.input.extend(inputs)
+    node.output[0] = fold.output
+    node.domain, node.op_type = DOMAIN, op
+    del node.attribute[:]
+    node.attribute.extend(helper.make_attribute(k, v) for k, v in attributes.items())
+    if fold.absorbed:
+        removed.update(id(n) for n in fold.absorbed)
+        g.taken.update(id(n) for n in fold.absorbed)
+        moved[id(fold.absorbed[-1])] = node
+        removed.add(id(node))
 
 
 def _finish(model: ModelProto, opsets: dict[str, int], removed: set[int],

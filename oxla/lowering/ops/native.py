@@ -247,33 +247,22 @@ def depthwise_op_type(pre: str | None, activation: str) -> str:
     return (pre or "") + "Depthwise" + activation
 
 
-def _register_depthwise(activation: str) -> None:
-    name = depthwise_op_type(None, activation)
-    if activation == "Clip":
-        def fn(cx, x, w, b, lo, hi, *, strides=None, pads=None, dilations=None, group=None):
-            return _depthwise(cx, x, w, b, "Clip", float(cx.static(lo)), float(cx.static(hi)),
-                              strides, pads, dilations)
-        rule(name, since=1, domain=DOMAIN, static=("lo", "hi"))(fn)
-    else:
-        def fn_p(cx, x, w, b, *, strides=None, pads=None, dilations=None, group=None):
-            return _depthwise(cx, x, w, b, activation, 0.0, 0.0, strides, pads, dilations)
-        rule(name, since=1, domain=DOMAIN)(fn_p)
+def _register_depthwise(pre: str | None, activation: str) -> None:
+    """X, W, B, then the pre-activation's bias (with one), then Clip's bounds: the
+    pre-activation's, then the activation's."""
 
-
-def _register_pre_depthwise(pre: str, activation: str) -> None:
-    """X, W, B, the pre-activation's bias, then Clip's bounds: the pre-activation's, then the
-    activation's."""
-
-    def fn(cx, x, w, b, pre_bias, c1=None, c2=None, c3=None, c4=None, *, strides=None, pads=None,
+    def fn(cx, x, w, b, e1=None, e2=None, e3=None, e4=None, e5=None, *, strides=None, pads=None,
            dilations=None, group=None):
-        bounds = [float(cx.static(v)) for v in (c1, c2, c3, c4) if v is not None]
+        extra = [v for v in (e1, e2, e3, e4, e5) if v is not None]
+        pre_bias = extra.pop(0) if pre else None
+        bounds = [float(cx.static(v)) for v in extra]
         pre_lo, pre_hi = (bounds.pop(0), bounds.pop(0)) if pre == "Clip" else (0.0, 0.0)
         lo, hi = (bounds[0], bounds[1]) if activation == "Clip" else (0.0, 0.0)
         return _depthwise(cx, x, w, b, activation, lo, hi, strides, pads, dilations,
-                          (pre_bias, pre, pre_lo, pre_hi))
+                          None if pre is None else (pre_bias, pre, pre_lo, pre_hi))
 
-    rule(depthwise_op_type(pre, activation), since=1, domain=DOMAIN,
-         static=("c1", "c2", "c3", "c4"))(fn)
+    bounds = ("e2", "e3", "e4", "e5") if pre else ("e1", "e2", "e3", "e4", "e5")
+    rule(depthwise_op_type(pre, activation), since=1, domain=DOMAIN, static=bounds)(fn)
 
 
 def _register(residual: bool, activation: str) -> None:
@@ -299,7 +288,6 @@ for _residual in (False, True):
         _register(_residual, _activation)
         _register_conv(_residual, _activation)
 for _activation in ACTIVATIONS:
-    _register_depthwise(_activation)
-    for _pre in PRE_ACTIVATIONS:
-        _register_pre_depthwise(_pre, _activation)
+    for _pre in (None, *PRE_ACTIVATIONS):
+        _register_depthwise(_pre, _activation)
 
