@@ -67,6 +67,20 @@ def has_avx512() -> bool:
 
 
 @functools.cache
+def has_avx2_fma() -> bool:
+    """Whether this CPU has AVX2 and FMA (Linux: /proc/cpuinfo; elsewhere assume not)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return {"avx2", "fma"} <= flags
+    except OSError:
+        pass
+    return False
+
+
+@functools.cache
 def machine_memory() -> int:
     """Physical memory in bytes (the default limit for one value)."""
     try:

@@ -4,7 +4,8 @@
 into a per-user cache, registers its targets with XLA, and says whether they can be used. It
 returns False, and oxla keeps XLA's own kernels, when:
 - OXLA_NATIVE=0 is set;
-- the CPU lacks AVX-512F (the kernels' only instruction set so far);
+- the CPU has neither AVX-512F nor AVX2 with FMA (the library is built for the better of the
+  two: kernels.cc's vector layer);
 - no compiler is found or the build fails (the reason is kept in `unavailable_reason()`).
 
 The build writes to a temporary file and renames it into place, so concurrent processes never
@@ -26,11 +27,12 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from oxla.host import has_avx512
+from oxla.host import has_avx2_fma, has_avx512
 
 SOURCE = Path(__file__).with_name("kernels.cc")
-FLAGS = ("-O3", "-std=c++20", "-mavx512f", "-mavx512vl", "-mfma", "-fPIC", "-shared",
-         "-pthread")
+COMMON_FLAGS = ("-O3", "-std=c++20", "-fPIC", "-shared", "-pthread")
+AVX512_FLAGS = ("-mavx512f", "-mavx512vl", "-mfma")
+AVX2_FLAGS = ("-mavx2", "-mfma")
 NR = 32  # columns per packed panel; kernels.cc's NR
 GEMM_TARGET = "oxla_sgemm"
 CONV_TARGET = "oxla_sconv"
@@ -57,14 +59,28 @@ def _compiler() -> str | None:
     return None
 
 
+def isa() -> str | None:
+    """The instruction set the library is built for on this CPU: "avx512", "avx2" or None."""
+    if has_avx512():
+        return "avx512"
+    if has_avx2_fma():
+        return "avx2"
+    return None
+
+
+def _flags() -> tuple[str, ...]:
+    return (*COMMON_FLAGS, *(AVX512_FLAGS if isa() == "avx512" else AVX2_FLAGS))
+
+
 def _build() -> Path:
     """The built library's path, building it if this source/flags/jaxlib has none yet."""
     cxx = _compiler()
+    flags = _flags()
     if cxx is None:
         raise OSError("no C++ compiler (c++, g++, clang++ or $CXX) on PATH")
     include = jax.ffi.include_dir()
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join((cxx, *FLAGS, jax.__version__)).encode()).hexdigest()
+    key = hashlib.sha256(source + " ".join((cxx, *flags, jax.__version__)).encode()).hexdigest()
     target = cache_dir() / f"oxla_native_{key[:16]}.so"
     if target.is_file():
         return target
@@ -72,7 +88,7 @@ def _build() -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        done = subprocess.run([cxx, *FLAGS, "-I", include, str(SOURCE), "-o", tmp],
+        done = subprocess.run([cxx, *flags, "-I", include, str(SOURCE), "-o", tmp],
                               capture_output=True, text=True, timeout=300, check=False)
         if done.returncode != 0:
             raise OSError(f"{cxx} failed: {done.stderr.strip()[-2000:]}")
@@ -86,8 +102,8 @@ def _build() -> Path:
 def _load() -> None:
     if os.environ.get("OXLA_NATIVE", "1") == "0":
         raise OSError("OXLA_NATIVE=0")
-    if not has_avx512():
-        raise OSError("the CPU has no AVX-512F")
+    if isa() is None:
+        raise OSError("the CPU has neither AVX-512F nor AVX2 with FMA")
     lib = ctypes.CDLL(str(_build()))
     jax.ffi.register_ffi_target(GEMM_TARGET, jax.ffi.pycapsule(lib.OxlaSgemm), platform="cpu")
     jax.ffi.register_ffi_target(CONV_TARGET, jax.ffi.pycapsule(lib.OxlaSconv), platform="cpu")

@@ -13,7 +13,8 @@
 // 0-12% of MLAS on the suite's 1x1 shapes (AVX-512, 12 rows x 32 columns per micro-tile, 24
 // accumulators) but no faster than XLA's dot inside a model, so oxla uses it on several cores.
 //
-// Needs AVX-512F; built on first use by oxla/native/__init__.py with the host's C++ compiler.
+// Built on first use by oxla/native/__init__.py with the host's C++ compiler, for AVX-512F or,
+// where the CPU lacks it, for AVX2 + FMA (the vector layer below; 8 lanes, 6 x 16 micro-tiles).
 
 #include <immintrin.h>
 
@@ -30,8 +31,69 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int NR = 32;  // columns per packed panel (two 16-lane vectors)
-constexpr int MR = 12;  // rows per micro-tile
+// ---- The vector layer: one source for AVX-512F and for AVX2 + FMA ------------------------------
+//
+// oxla/native/__init__.py builds this file with -mavx512f where the CPU has it, else with -mavx2
+// -mfma. V is one register of L float lanes; Mask selects the first lanes of one (a k-mask on
+// AVX-512, a lane vector for vmaskmovps on AVX2: slower there, so the AVX2 kernels take unmasked
+// paths where a block is full).
+#if defined(__AVX512F__)
+constexpr int L = 16;
+using V = __m512;
+using Mask = __mmask16;
+constexpr bool CHEAP_MASKS = true;
+inline V v_zero() { return _mm512_setzero_ps(); }
+inline V v_set(float f) { return _mm512_set1_ps(f); }
+inline V v_load(const float* p) { return _mm512_loadu_ps(p); }
+inline void v_store(float* p, V v) { _mm512_storeu_ps(p, v); }
+inline V v_load_m(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }
+inline void v_store_m(float* p, Mask m, V v) { _mm512_mask_storeu_ps(p, m, v); }
+inline Mask lanes(int64_t n) {
+  return n >= L ? (Mask)0xFFFF : n <= 0 ? (Mask)0 : (Mask)((1u << n) - 1);
+}
+inline V v_fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+inline V v_add(V a, V b) { return _mm512_add_ps(a, b); }
+inline V v_mul(V a, V b) { return _mm512_mul_ps(a, b); }
+inline V v_div(V a, V b) { return _mm512_div_ps(a, b); }
+inline V v_min(V a, V b) { return _mm512_min_ps(a, b); }
+inline V v_max(V a, V b) { return _mm512_max_ps(a, b); }
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int L = 8;
+using V = __m256;
+using Mask = __m256i;
+constexpr bool CHEAP_MASKS = false;
+inline V v_zero() { return _mm256_setzero_ps(); }
+inline V v_set(float f) { return _mm256_set1_ps(f); }
+inline V v_load(const float* p) { return _mm256_loadu_ps(p); }
+inline void v_store(float* p, V v) { _mm256_storeu_ps(p, v); }
+inline V v_load_m(const float* p, Mask m) { return _mm256_maskload_ps(p, m); }
+inline void v_store_m(float* p, Mask m, V v) { _mm256_maskstore_ps(p, m, v); }
+inline Mask lanes(int64_t n) {
+  int k = n >= L ? L : n <= 0 ? 0 : (int)n;
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+inline V v_fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+inline V v_add(V a, V b) { return _mm256_add_ps(a, b); }
+inline V v_mul(V a, V b) { return _mm256_mul_ps(a, b); }
+inline V v_div(V a, V b) { return _mm256_div_ps(a, b); }
+inline V v_min(V a, V b) { return _mm256_min_ps(a, b); }
+inline V v_max(V a, V b) { return _mm256_max_ps(a, b); }
+#else
+#error "oxla's native kernels need AVX-512F, or AVX2 and FMA"
+#endif
+
+// p's first n lanes (the rest zero), unmasked when the vector is full.
+inline V v_load_n(const float* p, int64_t n) { return n >= L ? v_load(p) : v_load_m(p, lanes(n)); }
+inline void v_store_n(float* p, int64_t n, V v) {
+  if (n >= L) v_store(p, v);
+  else v_store_m(p, lanes(n), v);
+}
+
+constexpr int NR = 32;  // columns per packed panel (Python's pack())
+// A micro-tile: MR rows x TC columns, 2 MR accumulators (AVX-512: 12 x 32 in 24 of its 32
+// registers; AVX2: 6 x 16 in 12 of its 16), a panel of 32 columns taken in NR / TC tiles.
+constexpr int TC = 2 * L;
+constexpr int MR = L == 16 ? 12 : 6;
 // W's packed panels read in place while W fits in half of L2; above that each thread first packs
 // its rows of X so that one panel of W stays in cache across all of them.
 constexpr int64_t DIRECT_W_BYTES = 1 << 20;
@@ -47,51 +109,51 @@ struct Epilogue {
 };
 
 // x * sigmoid(x), sigmoid as MLAS's rational polynomial (oxla's Sigmoid: elementwise.py)
-inline __m512 silu(__m512 v) {
-  __m512 x = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-18.0f)), _mm512_set1_ps(18.0f));
-  __m512 x2 = _mm512_mul_ps(x, x);
-  __m512 p = _mm512_set1_ps(4.37031012579801e-11f);
-  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(1.15627324459942e-07f));
-  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(6.08574864600143e-05f));
-  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(8.51377133304701e-03f));
-  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(2.48287947061529e-01f));
-  __m512 q = _mm512_set1_ps(6.10247389755681e-13f);
-  q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(5.76102136993427e-09f));
-  q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(6.29106785017040e-06f));
-  q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(1.70198817374094e-03f));
-  q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(1.16817656904453e-01f));
-  q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(9.93151921023180e-01f));
-  __m512 s = _mm512_add_ps(_mm512_div_ps(_mm512_mul_ps(p, x), q), _mm512_set1_ps(0.5f));
-  s = _mm512_min_ps(_mm512_max_ps(s, _mm512_setzero_ps()), _mm512_set1_ps(1.0f));
-  return _mm512_mul_ps(v, s);
+inline V silu(V v) {
+  V x = v_min(v_max(v, v_set(-18.0f)), v_set(18.0f));
+  V x2 = v_mul(x, x);
+  V p = v_set(4.37031012579801e-11f);
+  p = v_fma(p, x2, v_set(1.15627324459942e-07f));
+  p = v_fma(p, x2, v_set(6.08574864600143e-05f));
+  p = v_fma(p, x2, v_set(8.51377133304701e-03f));
+  p = v_fma(p, x2, v_set(2.48287947061529e-01f));
+  V q = v_set(6.10247389755681e-13f);
+  q = v_fma(q, x2, v_set(5.76102136993427e-09f));
+  q = v_fma(q, x2, v_set(6.29106785017040e-06f));
+  q = v_fma(q, x2, v_set(1.70198817374094e-03f));
+  q = v_fma(q, x2, v_set(1.16817656904453e-01f));
+  q = v_fma(q, x2, v_set(9.93151921023180e-01f));
+  V s = v_add(v_div(v_mul(p, x), q), v_set(0.5f));
+  s = v_min(v_max(s, v_zero()), v_set(1.0f));
+  return v_mul(v, s);
 }
 
-// A tile's rows: acc + bias, stored under the column masks (all 16 when !MASK).
+// A tile's rows: acc + bias, stored under the column masks (all lanes when !MASK).
 template <int R, int NV, bool MASK>
-inline void store_tile(__m512 (&c0)[R], __m512 (&c1)[R], float* C, int64_t ldc,
-                       const float* bias, __mmask16 m0, __mmask16 m1) {
-  __m512 z0 = _mm512_maskz_loadu_ps(m0, bias);
-  __m512 z1 = NV == 2 ? _mm512_maskz_loadu_ps(m1, bias + 16) : z0;
+inline void store_tile(V (&c0)[R], V (&c1)[R], float* C, int64_t ldc, const float* bias,
+                       Mask m0, Mask m1) {
+  V z0 = MASK ? v_load_m(bias, m0) : v_load(bias);
+  V z1 = NV == 2 ? (MASK ? v_load_m(bias + L, m1) : v_load(bias + L)) : z0;
 #pragma GCC unroll 16
   for (int i = 0; i < R; ++i) {
-    if (MASK && NV == 1) _mm512_mask_storeu_ps(C + i * ldc, m0, _mm512_add_ps(c0[i], z0));
-    else _mm512_storeu_ps(C + i * ldc, _mm512_add_ps(c0[i], z0));
+    if (MASK && NV == 1) v_store_m(C + i * ldc, m0, v_add(c0[i], z0));
+    else v_store(C + i * ldc, v_add(c0[i], z0));
     if (NV == 2) {
-      if (MASK) _mm512_mask_storeu_ps(C + i * ldc + 16, m1, _mm512_add_ps(c1[i], z1));
-      else _mm512_storeu_ps(C + i * ldc + 16, _mm512_add_ps(c1[i], z1));
+      if (MASK) v_store_m(C + i * ldc + L, m1, v_add(c1[i], z1));
+      else v_store(C + i * ldc + L, v_add(c1[i], z1));
     }
   }
 }
 
 template <int64_t ACT>
-inline __m512 activate(__m512 v, float lo, float hi) {
-  if (ACT == RELU) return _mm512_max_ps(v, _mm512_setzero_ps());
-  if (ACT == CLIP) return _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(lo)), _mm512_set1_ps(hi));
+inline V activate(V v, float lo, float hi) {
+  if (ACT == RELU) return v_max(v, v_zero());
+  if (ACT == CLIP) return v_min(v_max(v, v_set(lo)), v_set(hi));
   if (ACT == SILU) return silu(v);
   if (ACT == HARD_SWISH) {
-    __m512 g = _mm512_fmadd_ps(v, _mm512_set1_ps(1.0f / 6.0f), _mm512_set1_ps(0.5f));
-    g = _mm512_min_ps(_mm512_max_ps(g, _mm512_setzero_ps()), _mm512_set1_ps(1.0f));
-    return _mm512_mul_ps(v, g);
+    V g = v_fma(v, v_set(1.0f / 6.0f), v_set(0.5f));
+    g = v_min(v_max(g, v_zero()), v_set(1.0f));
+    return v_mul(v, g);
   }
   return v;
 }
@@ -101,12 +163,11 @@ template <int64_t ACT>
 void post_rows(float* C, int64_t ldc, const float* r, int64_t ldr, int rows, int64_t nc,
                const Epilogue& e) {
   for (int i = 0; i < rows; ++i) {
-    for (int64_t c = 0; c < nc; c += 16) {
-      __mmask16 m = nc - c >= 16 ? 0xFFFF : (__mmask16)((1u << (nc - c)) - 1);
+    for (int64_t c = 0; c < nc; c += L) {
       float* y = C + i * ldc + c;
-      __m512 v = _mm512_maskz_loadu_ps(m, y);
-      if (r) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, r + i * ldr + c));
-      _mm512_mask_storeu_ps(y, m, activate<ACT>(v, e.lo, e.hi));
+      V v = v_load_n(y, nc - c);
+      if (r) v = v_add(v, v_load_n(r + i * ldr + c, nc - c));
+      v_store_n(y, nc - c, activate<ACT>(v, e.lo, e.hi));
     }
   }
 }
@@ -122,28 +183,29 @@ void post(float* C, int64_t ldc, int rows, int64_t nc, const Epilogue& e) {
   }
 }
 
-// One micro-tile, rows read in place: C[0:R, 0:nc] = A[0:R, :K] * Bp[:K, 0:32], finished.
+// One micro-tile, rows read in place: C[0:R, 0:nc] = A[0:R, :K] * Bp[:K, 0:nc] (Bp's rows NR
+// apart), finished.
 template <int R, int NV, bool MASK>
 inline void tile_direct(int64_t K, const float* __restrict A, int64_t lda,
                         const float* __restrict Bp, float* C, int64_t ldc, const float* bias,
-                        __mmask16 m0, __mmask16 m1) {
-  __m512 c0[R], c1[R];
+                        Mask m0, Mask m1) {
+  V c0[R], c1[R];
 #pragma GCC unroll 16
   for (int i = 0; i < R; ++i) {
-    c0[i] = _mm512_setzero_ps();
-    c1[i] = _mm512_setzero_ps();
+    c0[i] = v_zero();
+    c1[i] = v_zero();
   }
   const float* a4 = A + 4 * lda;
   const float* a8 = A + 8 * lda;
   for (int64_t k = 0; k < K; ++k) {
-    __m512 b0 = _mm512_loadu_ps(Bp);
-    __m512 b1 = NV == 2 ? _mm512_loadu_ps(Bp + 16) : b0;
+    V b0 = v_load(Bp);
+    V b1 = NV == 2 ? v_load(Bp + L) : b0;
 #pragma GCC unroll 16
     for (int i = 0; i < R; ++i) {
       const float* base = i < 4 ? A : i < 8 ? a4 : a8;
-      __m512 a = _mm512_set1_ps(base[(i & 3) * lda + k]);
-      c0[i] = _mm512_fmadd_ps(a, b0, c0[i]);
-      if (NV == 2) c1[i] = _mm512_fmadd_ps(a, b1, c1[i]);
+      V a = v_set(base[(i & 3) * lda + k]);
+      c0[i] = v_fma(a, b0, c0[i]);
+      if (NV == 2) c1[i] = v_fma(a, b1, c1[i]);
     }
     Bp += NR;
   }
@@ -153,21 +215,21 @@ inline void tile_direct(int64_t K, const float* __restrict A, int64_t lda,
 // One micro-tile, rows packed as (K, R): the same product.
 template <int R, int NV, bool MASK>
 inline void tile_packed(int64_t K, const float* __restrict Ap, const float* __restrict Bp,
-                        float* C, int64_t ldc, const float* bias, __mmask16 m0, __mmask16 m1) {
-  __m512 c0[R], c1[R];
+                        float* C, int64_t ldc, const float* bias, Mask m0, Mask m1) {
+  V c0[R], c1[R];
 #pragma GCC unroll 16
   for (int i = 0; i < R; ++i) {
-    c0[i] = _mm512_setzero_ps();
-    c1[i] = _mm512_setzero_ps();
+    c0[i] = v_zero();
+    c1[i] = v_zero();
   }
   for (int64_t k = 0; k < K; ++k) {
-    __m512 b0 = _mm512_loadu_ps(Bp);
-    __m512 b1 = NV == 2 ? _mm512_loadu_ps(Bp + 16) : b0;
+    V b0 = v_load(Bp);
+    V b1 = NV == 2 ? v_load(Bp + L) : b0;
 #pragma GCC unroll 16
     for (int i = 0; i < R; ++i) {
-      __m512 a = _mm512_set1_ps(Ap[i]);
-      c0[i] = _mm512_fmadd_ps(a, b0, c0[i]);
-      if (NV == 2) c1[i] = _mm512_fmadd_ps(a, b1, c1[i]);
+      V a = v_set(Ap[i]);
+      c0[i] = v_fma(a, b0, c0[i]);
+      if (NV == 2) c1[i] = v_fma(a, b1, c1[i]);
     }
     Ap += R;
     Bp += NR;
@@ -177,16 +239,13 @@ inline void tile_packed(int64_t K, const float* __restrict Ap, const float* __re
 
 struct Panel {
   int64_t n0, nc;
-  __mmask16 m0, m1;
 };
 
-// Columns [32 p, 32 p + 32) of N, with their lane masks.
+// Columns [32 p, 32 p + 32) of N.
 Panel panel_of(int64_t N, int64_t p) {
   Panel q;
   q.n0 = p * NR;
   q.nc = N - q.n0 < NR ? N - q.n0 : NR;
-  q.m0 = q.nc >= 16 ? 0xFFFF : (__mmask16)((1u << q.nc) - 1);
-  q.m1 = q.nc >= 32 ? 0xFFFF : q.nc > 16 ? (__mmask16)((1u << (q.nc - 16)) - 1) : 0;
   return q;
 }
 
@@ -205,11 +264,13 @@ struct Job {
   int64_t row(int64_t b) const { return M * b / blocks; }
 };
 
+// r rows (r <= MR) of one tile; the tile sizes above MR are never instantiated.
 template <int NV, bool MASK>
 void direct_rows(int r, int64_t K, const float* A, int64_t lda, const float* Bp, float* C,
-                 int64_t ldc, const float* bias, __mmask16 m0, __mmask16 m1) {
+                 int64_t ldc, const float* bias, Mask m0, Mask m1) {
   switch (r) {
-#define OXLA_R(n) case n: tile_direct<n, NV, MASK>(K, A, lda, Bp, C, ldc, bias, m0, m1); break;
+#define OXLA_R(n) \
+  case n: if constexpr (n <= MR) tile_direct<n, NV, MASK>(K, A, lda, Bp, C, ldc, bias, m0, m1); break;
     OXLA_R(1) OXLA_R(2) OXLA_R(3) OXLA_R(4) OXLA_R(5) OXLA_R(6)
     OXLA_R(7) OXLA_R(8) OXLA_R(9) OXLA_R(10) OXLA_R(11) OXLA_R(12)
 #undef OXLA_R
@@ -218,9 +279,10 @@ void direct_rows(int r, int64_t K, const float* A, int64_t lda, const float* Bp,
 
 template <int NV, bool MASK>
 void packed_rows(int r, int64_t K, const float* Ap, const float* Bp, float* C, int64_t ldc,
-                 const float* bias, __mmask16 m0, __mmask16 m1) {
+                 const float* bias, Mask m0, Mask m1) {
   switch (r) {
-#define OXLA_R(n) case n: tile_packed<n, NV, MASK>(K, Ap, Bp, C, ldc, bias, m0, m1); break;
+#define OXLA_R(n) \
+  case n: if constexpr (n <= MR) tile_packed<n, NV, MASK>(K, Ap, Bp, C, ldc, bias, m0, m1); break;
     OXLA_R(1) OXLA_R(2) OXLA_R(3) OXLA_R(4) OXLA_R(5) OXLA_R(6)
     OXLA_R(7) OXLA_R(8) OXLA_R(9) OXLA_R(10) OXLA_R(11) OXLA_R(12)
 #undef OXLA_R
@@ -228,26 +290,31 @@ void packed_rows(int r, int64_t K, const float* Ap, const float* Bp, float* C, i
 }
 
 // Rows [r0, r0 + r) of C times panel q, A read in place (ap == nullptr: a rows of lda) or packed
-// (ap: (K, r)), finished with bias, residual and activation.
+// (ap: (K, r)), finished with bias, residual and activation. The panel's columns go in tiles of
+// TC (one on AVX-512, two on AVX2), each under its own lane masks.
 void tile_rows(int r, int64_t K, const float* a, int64_t lda, const float* ap, const float* Bp,
                const Panel& q, const float* bias, float* c, int64_t ldc, const float* residual,
                int64_t act, float lo, float hi) {
-  const float* bp = Bp + q.n0 * K;
-  bias += q.n0;
-  c += q.n0;
-  if (ap == nullptr) {
-    if (q.nc == 32) direct_rows<2, false>(r, K, a, lda, bp, c, ldc, bias, q.m0, q.m1);
-    else if (q.nc > 16) direct_rows<2, true>(r, K, a, lda, bp, c, ldc, bias, q.m0, q.m1);
-    else if (q.nc == 16) direct_rows<1, false>(r, K, a, lda, bp, c, ldc, bias, q.m0, q.m1);
-    else direct_rows<1, true>(r, K, a, lda, bp, c, ldc, bias, q.m0, q.m1);
-  } else {
-    if (q.nc == 32) packed_rows<2, false>(r, K, ap, bp, c, ldc, bias, q.m0, q.m1);
-    else if (q.nc > 16) packed_rows<2, true>(r, K, ap, bp, c, ldc, bias, q.m0, q.m1);
-    else if (q.nc == 16) packed_rows<1, false>(r, K, ap, bp, c, ldc, bias, q.m0, q.m1);
-    else packed_rows<1, true>(r, K, ap, bp, c, ldc, bias, q.m0, q.m1);
+  for (int64_t s = 0; s < q.nc; s += TC) {
+    int64_t nc = q.nc - s < TC ? q.nc - s : TC;
+    const float* bp = Bp + q.n0 * K + s;
+    const float* bs = bias + q.n0 + s;
+    float* cs = c + q.n0 + s;
+    Mask m0 = lanes(nc), m1 = lanes(nc - L);
+    if (ap == nullptr) {
+      if (nc == TC) direct_rows<2, false>(r, K, a, lda, bp, cs, ldc, bs, m0, m1);
+      else if (nc > L) direct_rows<2, true>(r, K, a, lda, bp, cs, ldc, bs, m0, m1);
+      else if (nc == L) direct_rows<1, false>(r, K, a, lda, bp, cs, ldc, bs, m0, m1);
+      else direct_rows<1, true>(r, K, a, lda, bp, cs, ldc, bs, m0, m1);
+    } else {
+      if (nc == TC) packed_rows<2, false>(r, K, ap, bp, cs, ldc, bs, m0, m1);
+      else if (nc > L) packed_rows<2, true>(r, K, ap, bp, cs, ldc, bs, m0, m1);
+      else if (nc == L) packed_rows<1, false>(r, K, ap, bp, cs, ldc, bs, m0, m1);
+      else packed_rows<1, true>(r, K, ap, bp, cs, ldc, bs, m0, m1);
+    }
   }
   Epilogue e{residual ? residual + q.n0 : nullptr, ldc, act, lo, hi};
-  post(c, ldc, r, q.nc, e);
+  post(c + q.n0, ldc, r, q.nc, e);
 }
 
 void tile(const Job& j, int64_t b, const Panel& q, const float* ap) {
@@ -424,15 +491,14 @@ struct ConvJob {
   int64_t row(int64_t b) const { return rows * b / blocks; }
 };
 
-// n floats from s to d (zeros when s is nullptr), 16 lanes at a time: the copies are short (C
+// n floats from s to d (zeros when s is nullptr), L lanes at a time: the copies are short (C
 // floats, or KW C when a kernel row lies inside X), where a memcpy call costs more than the move.
 inline void copy_floats(float* d, const float* s, int64_t n) {
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(d + i, s ? _mm512_loadu_ps(s + i) : _mm512_setzero_ps());
+  for (; i + L <= n; i += L) v_store(d + i, s ? v_load(s + i) : v_zero());
   if (i < n) {
-    __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
-    _mm512_mask_storeu_ps(d + i, m, s ? _mm512_maskz_loadu_ps(m, s + i) : _mm512_setzero_ps());
+    Mask m = lanes(n - i);
+    v_store_m(d + i, m, s ? v_load_m(s + i, m) : v_zero());
   }
 }
 
@@ -551,11 +617,14 @@ ffi::Error Sconv(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi:
 // activation of the layer that made X
 // (a 1x1 convolution XLA computes), applied to each element as it is loaded, so that no pass of
 // its own writes them (XLA had fused them into its taps loop).
-// 16 channels x DW_P output pixels of a row at a time (DW_P accumulators). Where a block's taps lie
+// L channels (16 on AVX-512, 8 on AVX2) x DW_P output pixels of a row at a time (DW_P
+// accumulators). Where a block's taps lie
 // inside X's row and the kernel width and stride are ones it was compiled for, each input pixel
 // of a kernel row is loaded once and feeds every tap that reads it (3x3 stride 1: 10 loads for 24
 // multiply-adds, against one load per multiply-add); elsewhere (borders, other windows) one load
-// per tap, taps outside X skipped. Work items are (image row, 16 channels), claimed in parts.
+// per tap, taps outside X skipped. Work items are (image row, L channels), claimed in parts. On
+// AVX2 the compiled rows take full blocks of channels only (unmasked loads), a last partial block
+// goes one load per tap under its mask.
 
 constexpr int64_t NO_PRE = -1;  // pre_act when X is read as it is
 
@@ -571,7 +640,7 @@ struct DwJob {
   float lo, hi, pre_lo, pre_hi;
 };
 
-inline __m512 activate_rt(__m512 v, int64_t act, float lo, float hi) {
+inline V activate_rt(V v, int64_t act, float lo, float hi) {
   switch (act) {
     case RELU: return activate<RELU>(v, lo, hi);
     case CLIP: return activate<CLIP>(v, lo, hi);
@@ -581,25 +650,29 @@ inline __m512 activate_rt(__m512 v, int64_t act, float lo, float hi) {
   }
 }
 
-// X's 16 channels at `x` (channels [c, c + 16) under m) as the depthwise taps read them.
-template <int64_t PRE>
-inline __m512 load_x(const DwJob& j, const float* x, __mmask16 m, __m512 pre_bias) {
-  __m512 v = _mm512_maskz_loadu_ps(m, x);
+// X's L channels at `x` (channels [c, c + L) under m; all of them when FULL) as the depthwise
+// taps read them.
+template <int64_t PRE, bool FULL>
+inline V load_x(const DwJob& j, const float* x, Mask m, V pre_bias) {
+  V v = FULL ? v_load(x) : v_load_m(x, m);
   if (PRE == NO_PRE) return v;
-  return activate<PRE>(_mm512_add_ps(v, pre_bias), j.pre_lo, j.pre_hi);
+  return activate<PRE>(v_add(v, pre_bias), j.pre_lo, j.pre_hi);
 }
 
 constexpr int DW_P = 8;  // output pixels per block
+// The compiled rows' channel blocks: masked on AVX-512, full (unmasked) on AVX2.
+constexpr bool DW_FULL = !CHEAP_MASKS;
 
 // DW_P output pixels from ow0 (the first P stored), each input pixel of a kernel row loaded once;
 // CHECK: some of them lie outside X's row (they read zero).
 template <int KW_, int SW_, int64_t PRE, bool CHECK>
 inline void dw_fast(const DwJob& j, const float* xn, int64_t oh, int64_t ow0, int64_t c,
-                    __mmask16 m, float* y, int P) {
-  constexpr int L = (DW_P - 1) * SW_ + KW_;  // input pixels one kernel row reads
-  __m512 b = _mm512_maskz_loadu_ps(m, j.bias + c);
-  __m512 pb = PRE == NO_PRE ? b : _mm512_maskz_loadu_ps(m, j.pre_bias + c);
-  __m512 acc[DW_P];
+                    Mask m, float* y, int P) {
+  constexpr int IN = (DW_P - 1) * SW_ + KW_;  // input pixels one kernel row reads
+  constexpr bool F = DW_FULL;
+  V b = F ? v_load(j.bias + c) : v_load_m(j.bias + c, m);
+  V pb = PRE == NO_PRE ? b : F ? v_load(j.pre_bias + c) : v_load_m(j.pre_bias + c, m);
+  V acc[DW_P];
 #pragma GCC unroll 8
   for (int p = 0; p < DW_P; ++p) acc[p] = b;
   int64_t iw0 = ow0 * SW_ - j.pl;
@@ -607,34 +680,40 @@ inline void dw_fast(const DwJob& j, const float* xn, int64_t oh, int64_t ow0, in
     int64_t ih = oh * j.sh - j.pt + a * j.dh;
     if (ih < 0 || ih >= j.H) continue;
     const float* xr = xn + ih * j.Wd * j.C + c;
-    __m512 w[KW_];
+    V w[KW_];
 #pragma GCC unroll 8
-    for (int t = 0; t < KW_; ++t) w[t] = _mm512_maskz_loadu_ps(m, j.W + (a * KW_ + t) * j.C + c);
+    for (int t = 0; t < KW_; ++t) {
+      const float* wt = j.W + (a * KW_ + t) * j.C + c;
+      w[t] = F ? v_load(wt) : v_load_m(wt, m);
+    }
 #pragma GCC unroll 32
-    for (int i = 0; i < L; ++i) {
+    for (int i = 0; i < IN; ++i) {
       int64_t iw = iw0 + i;
-      __m512 v = !CHECK || (iw >= 0 && iw < j.Wd) ? load_x<PRE>(j, xr + iw * j.C, m, pb)
-                                                  : _mm512_setzero_ps();
+      V v = !CHECK || (iw >= 0 && iw < j.Wd) ? load_x<PRE, F>(j, xr + iw * j.C, m, pb) : v_zero();
 #pragma GCC unroll 8
       for (int t = 0; t < KW_; ++t) {
         int q = i - t;
         if (q >= 0 && q % SW_ == 0 && q / SW_ < DW_P)
-          acc[q / SW_] = _mm512_fmadd_ps(v, w[t], acc[q / SW_]);
+          acc[q / SW_] = v_fma(v, w[t], acc[q / SW_]);
       }
     }
   }
 #pragma GCC unroll 8
-  for (int p = 0; p < DW_P; ++p)
-    if (p < P) _mm512_mask_storeu_ps(y + p * j.C, m, activate_rt(acc[p], j.act, j.lo, j.hi));
+  for (int p = 0; p < DW_P; ++p) {
+    if (p >= P) continue;
+    V out = activate_rt(acc[p], j.act, j.lo, j.hi);
+    if (F) v_store(y + p * j.C, out);
+    else v_store_m(y + p * j.C, m, out);
+  }
 }
 
 // P output pixels from ow, one load per tap; CHECK: some taps fall outside X's row.
 template <int64_t PRE, int P, bool CHECK>
 inline void dw_block(const DwJob& j, const float* xn, int64_t oh, int64_t ow, int64_t c,
-                     __mmask16 m, float* y) {
-  __m512 b = _mm512_maskz_loadu_ps(m, j.bias + c);
-  __m512 pb = PRE == NO_PRE ? b : _mm512_maskz_loadu_ps(m, j.pre_bias + c);
-  __m512 acc[P];
+                     Mask m, float* y) {
+  V b = v_load_m(j.bias + c, m);
+  V pb = PRE == NO_PRE ? b : v_load_m(j.pre_bias + c, m);
+  V acc[P];
 #pragma GCC unroll 8
   for (int p = 0; p < P; ++p) acc[p] = b;
   for (int64_t a = 0; a < j.KH; ++a) {
@@ -642,23 +721,22 @@ inline void dw_block(const DwJob& j, const float* xn, int64_t oh, int64_t ow, in
     if (ih < 0 || ih >= j.H) continue;
     const float* xr = xn + ih * j.Wd * j.C + c;
     for (int64_t t = 0; t < j.KW; ++t) {
-      __m512 w = _mm512_maskz_loadu_ps(m, j.W + (a * j.KW + t) * j.C + c);
+      V w = v_load_m(j.W + (a * j.KW + t) * j.C + c, m);
       int64_t iw0 = ow * j.sw - j.pl + t * j.dw;
 #pragma GCC unroll 8
       for (int p = 0; p < P; ++p) {
         int64_t iw = iw0 + p * j.sw;
         if (CHECK && (iw < 0 || iw >= j.Wd)) continue;
-        acc[p] = _mm512_fmadd_ps(load_x<PRE>(j, xr + iw * j.C, m, pb), w, acc[p]);
+        acc[p] = v_fma(load_x<PRE, false>(j, xr + iw * j.C, m, pb), w, acc[p]);
       }
     }
   }
 #pragma GCC unroll 8
   for (int p = 0; p < P; ++p)
-    _mm512_mask_storeu_ps(y + p * j.C, m, activate_rt(acc[p], j.act, j.lo, j.hi));
+    v_store_m(y + p * j.C, m, activate_rt(acc[p], j.act, j.lo, j.hi));
 }
 
-using DwFast = void (*)(const DwJob&, const float*, int64_t, int64_t, int64_t, __mmask16, float*,
-                       int);
+using DwFast = void (*)(const DwJob&, const float*, int64_t, int64_t, int64_t, Mask, float*, int);
 
 // The compiled kernel rows for this window ([0]: inside X, [1]: checked), or nulls.
 template <int64_t PRE>
@@ -675,19 +753,20 @@ template <int64_t PRE>
 void dw_items(const DwJob& j, int64_t i0, int64_t i1) {
   auto [fast, checked] = dw_fast_for<PRE>(j);
   for (int64_t it = i0; it < i1; ++it) {
-    int64_t r = it / j.cblocks, c = (it % j.cblocks) * 16;
+    int64_t r = it / j.cblocks, c = (it % j.cblocks) * L;
     int64_t n = r / j.OH, oh = r % j.OH;
     const float* xn = j.X + n * j.H * j.Wd * j.C;
     float* yrow = j.Y + r * j.OW * j.C;
-    __mmask16 m = j.C - c >= 16 ? 0xFFFF : (__mmask16)((1u << (j.C - c)) - 1);
+    Mask m = lanes(j.C - c);
+    bool fast_here = fast != nullptr && (CHEAP_MASKS || j.C - c >= L);
     for (int64_t ow = 0; ow < j.OW; ow += DW_P) {
       int p = (int)(j.OW - ow < DW_P ? j.OW - ow : DW_P);
       float* y = yrow + ow * j.C + c;
       // the taps of all DW_P pixels (those past OW too: the fast rows compute them) inside X
       bool inside = ow * j.sw - j.pl >= 0 &&
                     (ow + DW_P - 1) * j.sw - j.pl + (j.KW - 1) * j.dw < j.Wd;
-      if (fast && inside) fast(j, xn, oh, ow, c, m, y, p);
-      else if (fast) checked(j, xn, oh, ow, c, m, y, p);
+      if (fast_here && inside) fast(j, xn, oh, ow, c, m, y, p);
+      else if (fast_here) checked(j, xn, oh, ow, c, m, y, p);
       else if (p == DW_P && inside) dw_block<PRE, DW_P, false>(j, xn, oh, ow, c, m, y);
       else if (p == DW_P) dw_block<PRE, DW_P, true>(j, xn, oh, ow, c, m, y);
       else
@@ -730,7 +809,7 @@ ffi::Error Sdwconv(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   j.OH = yd[1]; j.OW = yd[2];
   j.KH = wd[0]; j.KW = wd[1];
   j.sh = sh; j.sw = sw; j.dh = dh; j.dw = dw; j.pt = pt; j.pl = pl;
-  j.cblocks = (j.C + 15) / 16;
+  j.cblocks = (j.C + L - 1) / L;
   j.items = j.N * j.OH * j.cblocks;
   if (j.items == 0 || j.OW == 0) return ffi::Error::Success();
   j.X = x.typed_data();
@@ -744,7 +823,7 @@ ffi::Error Sdwconv(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   j.pre_act = pre_act;
   j.pre_lo = pre_lo;
   j.pre_hi = pre_hi;
-  double flops = 2.0 * (double)(j.items * 16 * j.OW) * (double)(j.KH * j.KW);
+  double flops = 2.0 * (double)(j.items * L * j.OW) * (double)(j.KH * j.KW);
   parallel(dw_part, &j, usable(threads, pool), flops >= 4e5, pool);
   return ffi::Error::Success();
 }
