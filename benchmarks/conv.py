@@ -284,7 +284,8 @@ def _transposed_form(name: str, s: Shape) -> Callable[..., Any]:
 def _chosen(s: Shape, w_shape: tuple[int, ...], threads: int) -> tuple[str, str]:
     """The forms Conv (channels first, channels last) takes for this shape: channels last, a
     session that may use several cores runs a depthwise convolution of at least
-    DEPTHWISE_MIN_FLOPS on the native kernel (oxla.passes.native_gemm.depthwise_to_native)."""
+    DEPTHWISE_MIN_FLOPS on the native kernel where its instruction set is in DEPTHWISE_ISAS
+    (oxla.passes.native_gemm.depthwise_to_native)."""
     from oxla.cpu_client import cores
     from oxla.lowering.ops import conv_forms as F
     from oxla.passes import native_gemm
@@ -296,7 +297,7 @@ def _chosen(s: Shape, w_shape: tuple[int, ...], threads: int) -> tuple[str, str]
     out = F.out_sizes(*geometry[:1], geometry[3], (s.k,) * 2, geometry[2], (1, 1))
     flops = 2 * s.m * math.prod(out) * s.k * s.k
     if s.c == s.group == s.m and threads != 1 and cores() > 1 and native.available() \
-            and flops >= native_gemm.DEPTHWISE_MIN_FLOPS:
+            and native.isa() in native_gemm.DEPTHWISE_ISAS and flops >= native_gemm.DEPTHWISE_MIN_FLOPS:
         return F.choose(*geometry).__name__, "native_dw_last"
     return F.choose(*geometry).__name__, F.choose_last(*geometry).__name__
 

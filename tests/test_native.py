@@ -22,6 +22,13 @@ needs_kernel = pytest.mark.skipif(not native.available(),
                                   reason=f"no native kernel here: {native.unavailable_reason()}")
 
 
+@pytest.fixture(autouse=True)
+def _depthwise_here(monkeypatch):
+    """The depthwise pass's tests run on whatever instruction set the kernels were built for
+    (the pass itself takes it only where it beats XLA's taps: `DEPTHWISE_ISAS`)."""
+    monkeypatch.setattr(native_gemm, "DEPTHWISE_ISAS", frozenset({native.isa()}))
+
+
 def _reference(x, w, b, r, act, lo=0.0, hi=0.0):
     y = x.astype(np.float64) @ w.astype(np.float64) + b
     if r is not None:
@@ -710,3 +717,13 @@ def test_kernels_on_random_windows() -> None:
         np.testing.assert_allclose(_conv_call(x, hwio, bias, None, act, threads, strides, pads, dilations),
                                    _conv_reference(x, hwio, bias, None, act, strides, pads, dilations),
                                    rtol=1e-4, atol=1e-4 * (kh * kw * c) ** 0.5, err_msg=str(case))
+
+
+@needs_kernel
+def test_depthwise_pass_only_where_it_wins(monkeypatch):
+    """Where the kernel loses to XLA's taps (an instruction set not in DEPTHWISE_ISAS), the
+    depthwise convolutions stay XLA's."""
+    monkeypatch.setattr(native_gemm, "DEPTHWISE_MIN_FLOPS", 0.0)
+    monkeypatch.setattr(native_gemm, "DEPTHWISE_ISAS", frozenset())
+    planned = _planned(_dw_net())
+    assert not [n for n in planned.graph.node if n.op_type.startswith("Depthwise")]
