@@ -150,6 +150,22 @@ def _in_child(key: str, batch: int, runs: int, bake: bool) -> Result:
     return Result(**json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
+def cpu_name() -> str:
+    """The CPU's model name and widest vector instruction set oxla's kernels use ("AMD EPYC,
+    AVX2"): results differ by both, so tables name them."""
+    from oxla.host import has_avx2_fma, has_avx512
+
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f
+                         if line.startswith("model name")), name)
+    except OSError:
+        pass
+    isa = "AVX-512" if has_avx512() else "AVX2" if has_avx2_fma() else "no AVX2"
+    return f"{name}, {isa}"
+
+
 def write_results(path: str | Path, title: str, module: str, argv: list[str] | None, note: str,
                   text: str) -> None:
     """Write a results table as the `## title` section: the command, the machine, then `note`."""
@@ -157,7 +173,7 @@ def write_results(path: str | Path, title: str, module: str, argv: list[str] | N
     import onnxruntime
 
     command = f"python -m benchmarks.{module} " + " ".join(argv if argv is not None else sys.argv[1:])
-    header = (f"Command: `{command}`\n\nMachine: {platform.processor() or platform.machine()}, "
+    header = (f"Command: `{command}`\n\nMachine: {cpu_name()}, "
               f"{os.cpu_count()} cores; jax {jax.__version__}, onnxruntime {onnxruntime.__version__}, "
               f"onnx {onnx.__version__}. {note}\n\n")
     write_section(Path(path), title, header + text + "\n")
