@@ -153,7 +153,7 @@ def _in_child(key: str, batch: int, runs: int, bake: bool) -> Result:
 def cpu_name() -> str:
     """The CPU's model name and widest vector instruction set oxla's kernels use ("AMD EPYC,
     AVX2"): results differ by both, so tables name them."""
-    from oxla.host import has_avx2_fma, has_avx512
+    from oxla.native import isa
 
     name = platform.processor() or platform.machine()
     try:
@@ -162,8 +162,7 @@ def cpu_name() -> str:
                          if line.startswith("model name")), name)
     except OSError:
         pass
-    isa = "AVX-512" if has_avx512() else "AVX2" if has_avx2_fma() else "no AVX2"
-    return f"{name}, {isa}"
+    return f"{name}, {({'avx512': 'AVX-512', 'avx2': 'AVX2'}).get(isa() or '', 'no AVX2')}"
 
 
 def write_results(path: str | Path, title: str, module: str, argv: list[str] | None, note: str,

@@ -57,27 +57,26 @@ def is_regular(path: str | os.PathLike[str]) -> bool:
 
 
 @functools.cache
-def has_avx512() -> bool:
-    """Whether this CPU has AVX-512 (Linux: /proc/cpuinfo; elsewhere assume not)."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            return any(line.startswith("flags") and " avx512f" in line for line in f)
-    except OSError:
-        return False
-
-
-@functools.cache
-def has_avx2_fma() -> bool:
-    """Whether this CPU has AVX2 and FMA (Linux: /proc/cpuinfo; elsewhere assume not)."""
+def cpu_flags() -> frozenset[str]:
+    """The first CPU's feature flags (Linux: /proc/cpuinfo; elsewhere none are assumed)."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             for line in f:
                 if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return {"avx2", "fma"} <= flags
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return False
+    return frozenset()
+
+
+def has_avx512() -> bool:
+    """Whether this CPU has AVX-512F."""
+    return "avx512f" in cpu_flags()
+
+
+def has_avx2_fma() -> bool:
+    """Whether this CPU has AVX2 and FMA."""
+    return {"avx2", "fma"} <= cpu_flags()
 
 
 @functools.cache

@@ -660,8 +660,6 @@ inline V load_x(const DwJob& j, const float* x, Mask m, V pre_bias) {
 }
 
 constexpr int DW_P = 8;  // output pixels per block
-// The compiled rows' channel blocks: masked on AVX-512, full (unmasked) on AVX2.
-constexpr bool DW_FULL = !CHEAP_MASKS;
 
 // DW_P output pixels from ow0 (the first P stored), each input pixel of a kernel row loaded once;
 // CHECK: some of them lie outside X's row (they read zero).
@@ -669,7 +667,7 @@ template <int KW_, int SW_, int64_t PRE, bool CHECK>
 inline void dw_fast(const DwJob& j, const float* xn, int64_t oh, int64_t ow0, int64_t c,
                     Mask m, float* y, int P) {
   constexpr int IN = (DW_P - 1) * SW_ + KW_;  // input pixels one kernel row reads
-  constexpr bool F = DW_FULL;
+  constexpr bool F = !CHEAP_MASKS;  // channel blocks: masked on AVX-512, full on AVX2
   V b = F ? v_load(j.bias + c) : v_load_m(j.bias + c, m);
   V pb = PRE == NO_PRE ? b : F ? v_load(j.pre_bias + c) : v_load_m(j.pre_bias + c, m);
   V acc[DW_P];

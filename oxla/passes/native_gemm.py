@@ -371,13 +371,15 @@ def _depthwise(node: NodeProto, producers: dict[str, NodeProto], inits: dict[str
 def depthwise_to_native(model: ModelProto) -> int:
     """Rewrite the eligible depthwise convolutions of the main graph (`DEPTHWISE`); returns how
     many."""
+    if not DEPTHWISE or native.isa() not in DEPTHWISE_ISAS:
+        return 0
     opsets, inits, producers = _tables(model)
     if opsets.get("", 1) < MIN_OPSET:
         return 0
     graph = model.graph
     candidates = [(node, *found) for node in graph.node
-                  if DEPTHWISE and (found := _depthwise(node, producers, inits)) is not None]
-    if not candidates or native.isa() not in DEPTHWISE_ISAS:
+                  if (found := _depthwise(node, producers, inits)) is not None]
+    if not candidates:
         return 0
     rows = _known_rows(model)
     candidates = [c for c in candidates
