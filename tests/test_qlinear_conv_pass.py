@@ -11,6 +11,7 @@ from onnx import helper, numpy_helper
 import oxla
 from oxla.lowering.context import Options
 from oxla.passes.qlinear_conv import qlinear_conv_centered
+from tests.ort_exact import reference
 
 
 def _model(*, x_dtype: type = np.uint8, y_dtype: type = np.uint8, w_dtype: type = np.int8,
@@ -63,7 +64,7 @@ def test_centered_qlinear_conv_is_the_rule_bit_for_bit(form: str) -> None:
     got = np.asarray(session({"x": x})["y"])
     rule = np.asarray(oxla.CompiledModel(_model(**FORMS[form]))({"x": x})["y"])  # no load passes
     np.testing.assert_array_equal(got, rule)
-    want = ort.InferenceSession(_model(**FORMS[form]).SerializeToString(),
+    want = ort.InferenceSession(reference(_model(**FORMS[form])).SerializeToString(),
                                 providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_array_equal(got, want)
 

@@ -21,11 +21,12 @@ from onnx import helper, numpy_helper
 import oxla
 from oxla.dtypes import to_onnx_type
 from oxla.errors import LoweringError
+from tests.ort_exact import reference
 
 RNG = np.random.default_rng(7)
 F32 = np.float32
 MS = "com.microsoft"
-PARAMS = ("sa", "za", "sb", "zb", "sc", "zc", "sx", "zx", "sw", "zw", "sy", "zy", "w", "B", "C",
+PARAMS = ("sa", "za", "sb", "zb", "sc", "zc", "sx", "zx", "sw", "zw", "sy", "zy", "w", "r", "B", "C",
           "bias", "s", "z")  # input names held as initializers
 
 
@@ -55,15 +56,16 @@ def model(op: str, inputs: Mapping[str, np.ndarray | None], outputs: Sequence[st
 
 def run(op: str, inputs: Mapping[str, np.ndarray | None], outputs: Sequence[str] = ("y",),
         domain: str = MS, **attrs: Any) -> tuple[list[Any], list[Any]]:
-    """(oxla's outputs, onnxruntime's at ORT_ENABLE_BASIC)."""
+    """(oxla's outputs, onnxruntime's at ORT_ENABLE_BASIC, exact on every CPU: tests/ort_exact.py)."""
     import onnxruntime as ort
 
-    m = model(op, inputs, outputs, domain, **attrs).SerializeToString()
+    proto = model(op, inputs, outputs, domain, **attrs)
     feeds = {n: v for n, v in inputs.items() if v is not None and n not in PARAMS}
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    want = ort.InferenceSession(m, options, providers=["CPUExecutionProvider"]).run(None, feeds)
-    return oxla.InferenceSession(m).run(None, feeds), want
+    want = ort.InferenceSession(reference(proto).SerializeToString(), options,
+                                providers=["CPUExecutionProvider"]).run(None, feeds)
+    return oxla.InferenceSession(proto.SerializeToString()).run(None, feeds), want
 
 
 def exact(op: str, inputs: Mapping[str, np.ndarray | None], outputs: Sequence[str] = ("y",),
