@@ -252,3 +252,24 @@ def test_transposed_dot_matches_dilated_convolution(c: int, mg: int, k: tuple, g
     got_g = jax.jit(jax.grad(lambda x, w: jnp.sum(F.transposed_dot(x, w, group) * r), (0, 1)))(x, w)
     for g, want_g in zip(got_g, grads):
         np.testing.assert_allclose(np.asarray(g), np.asarray(want_g), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("m", [24, 40, 1000])
+def test_equal_output_channels_are_bit_equal(m: int) -> None:
+    """Output channels with the same weights come out bit-equal from the 1x1 dot, as from
+    onnxruntime's GEMM: XLA:CPU's own dot summed a last block of up to 8 columns in another order
+    on AVX2 (light squeezenet's logits, see COLUMN_BLOCK). In a Conv-only segment XLA, not
+    YNNPACK, runs the dots."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    import oxla
+
+    w = numpy_helper.from_array(np.full((m, 32, 1, 1), 0.02, np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 13, 13])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    x = (np.random.default_rng(1).random((1, 32, 13, 13)) * 1e6).astype(np.float32)
+    y = oxla.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    assert y.shape == (1, m, 13, 13)
+    np.testing.assert_array_equal(y, np.broadcast_to(y[:, :1], y.shape))
