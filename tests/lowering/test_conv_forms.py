@@ -254,12 +254,12 @@ def test_transposed_dot_matches_dilated_convolution(c: int, mg: int, k: tuple, g
         np.testing.assert_allclose(np.asarray(g), np.asarray(want_g), rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize("m", [24, 40, 1000])
+@pytest.mark.parametrize("m", [408, 1000])
 def test_equal_output_channels_are_bit_equal(m: int) -> None:
     """Output channels with the same weights come out bit-equal from the 1x1 dot, as from
     onnxruntime's GEMM: XLA:CPU's own dot summed a last block of up to 8 columns in another order
-    on AVX2 (light squeezenet's logits, see COLUMN_BLOCK). In a Conv-only segment XLA, not
-    YNNPACK, runs the dots."""
+    on AVX2 (light squeezenet's logits, see COLUMN_BLOCK; padded where at most 2% more columns).
+    In a Conv-only segment XLA, not YNNPACK, runs the dots."""
     from onnx import TensorProto, helper, numpy_helper
 
     import oxla

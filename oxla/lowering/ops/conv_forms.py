@@ -355,8 +355,10 @@ def _chains(terms: list[Any], y: Any) -> Any:
 # block of up to 8 columns in another order than the others on AVX2 (a column tail of N mod 16 in
 # 1..8; measured for N = 17..1024). Channels that should be equal then differ in the last bit, and
 # light squeezenet's 1000 logits of ~9.5e9 (one ulp: 1024) went from onnxruntime's uniform softmax
-# (0.001 each) to 0.124 in its last eight classes. Padding costs at most 15 zero columns.
+# (0.001 each) to 0.124 in its last eight classes. W is padded only where that adds at most
+# 1 / PAD_COST of its columns (24 -> 32 channels would be a third more work).
 COLUMN_BLOCK = 16
+PAD_COST = 50
 
 
 def dot_last(x: Any, w: Any, strides: Sequence[int], padding: Pads, dilations: Sequence[int],
@@ -374,8 +376,8 @@ def dense_dot_last(x: Any, w: Any, strides: Sequence[int], padding: Pads,
                    dilations: Sequence[int], group: int) -> Any:
     """A dense channels-last convolution as one dot: the taps' windows of X side by side on the
     channel axis (im2col, (N, *O, K*C)) times W as (K*C, M), which for a kernel stored HWIO is
-    W's own layout. Above COLUMN_BLOCK output channels, W gets zero columns up to a multiple of
-    it (sliced off the product): see COLUMN_BLOCK."""
+    W's own layout. With many output channels W gets zero columns up to a multiple of
+    COLUMN_BLOCK (sliced off the product): see there."""
     n, c, m = x.shape[0], x.shape[-1], w.shape[0]
     kernel = tuple(w.shape[2:])
     nd, kk = len(kernel), math.prod(kernel)
@@ -386,9 +388,11 @@ def dense_dot_last(x: Any, w: Any, strides: Sequence[int], padding: Pads,
                        for tap in itertools.product(*[range(k) for k in kernel])]
     cols = wins[0] if kk == 1 else jnp.concatenate(wins, axis=-1)
     wk = jnp.transpose(w, (*range(2, nd + 2), 1, 0)).reshape((kk * c, m))
-    padded = -(-m // COLUMN_BLOCK) * COLUMN_BLOCK if m > COLUMN_BLOCK else m
-    if padded != m:
+    padded = -(-m // COLUMN_BLOCK) * COLUMN_BLOCK
+    if padded > m and (padded - m) * PAD_COST <= m:  # at most 1 / PAD_COST more columns
         wk = jnp.pad(wk, ((0, 0), (0, padded - m)))
+    else:
+        padded = m
     y = lax.dot_general(cols.reshape((-1, kk * c)), wk, (((1,), (0,)), ((), ())),
                         preferred_element_type=acc)
     if padded != m:
