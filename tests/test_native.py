@@ -354,6 +354,22 @@ def test_conv_epilogues(act: str) -> None:
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
 
+@needs_kernel
+@pytest.mark.parametrize("native_stems", [True, False])
+def test_large_stems_native_only_where_they_win(monkeypatch: pytest.MonkeyPatch, native_stems: bool) -> None:
+    """A 7x7 stem over 3 channels (147 terms, more than STEM_TAPS_TERMS) becomes a native Conv on
+    the instruction sets in STEM_ISAS (AVX-512) and stays XLA's elsewhere (AVX2)."""
+    monkeypatch.setattr(native_gemm, "MIN_FLOPS", 0.0)
+    monkeypatch.setattr(native_gemm, "STEM_ISAS", frozenset({native.isa()} if native_stems else ()))
+    w = numpy_helper.from_array((RNG.standard_normal((16, 3, 7, 7)) / 12).astype(np.float32), "w")
+    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[7, 7], strides=[2, 2], pads=[3, 3, 3, 3])
+    model = _model([node, helper.make_node("Relu", ["y"], ["r"])], (1, 3, 32, 32), {"r": (1, 16, 16, 16)}, [w])
+    planned = _planned(model)
+    kinds = [n.op_type for n in planned.graph.node if n.domain == native_rule.DOMAIN]
+    assert kinds == (["ConvRelu"] if native_stems else [])
+    _agrees(model, planned, RNG.standard_normal((1, 3, 32, 32)).astype(np.float32))
+
+
 def _conv_net(size: int = 20) -> onnx.ModelProto:
     """A 3-channel stem (XLA's), then 3x3 convolutions with each kind of epilogue, and a padded
     1x1 convolution (PadAheadPass's shape, XLA's)."""

@@ -14,9 +14,10 @@ The op type names what was folded: Gemm, GemmRelu, GemmAdd, GemmAddRelu, GemmSil
 Other 2-D group-1 convolutions with a constant float32 kernel and explicit (or VALID) pads become
 `oxla.native::Conv*` nodes the same way (W as (KH KW C, M), packed alike; the node keeps the
 window as attributes): the kernel computes them as an implicit GEMM, each block of output pixels'
-im2col rows made in a thread-local buffer. Two kinds stay XLA's, where its fused loops win in the
+im2col rows made in a thread-local buffer. Two kinds stay XLA's, where its loops win in the
 models: image stems that `conv_forms.choose_last` runs as fused taps (at most STEM_CHANNELS input
 channels and STEM_TAPS_TERMS terms: they fuse the input's transpose and the next layer's pad), and
+on instruction sets not in STEM_ISAS every image stem (AVX2: XLA's convolution wins); and
 padded 1x1 convolutions (PadAheadPass's producers, whose border XLA fuses into the next loop).
 Winograd layers (WinogradPass, before this pass) stay Winograd: with them made native instead,
 ResNet-50 and the DBNet-style segmenter ran slower.
@@ -99,11 +100,18 @@ WINDOW = ("kernel_shape", "strides", "pads", "dilations")  # a Conv* node's attr
 # largest alone ran slower (3.31 -> 3.43), EfficientNet-B0's 8 gained less.
 DEPTHWISE_MIN_FLOPS = 1e6
 DEPTHWISE = True  # False: depthwise convolutions stay XLA's (for measuring)
-# The instruction sets whose depthwise kernel beats XLA's taps inside a model. On AVX2 (8 lanes, a
-# block's 8 accumulators plus its kernel row and pre-activation constants spill out of the 16
-# registers) it loses: AMD EPYC (Zen 3), default threads, against XLA's taps, short blocks in
-# rotation: MobileNetV3-small +13%, EfficientNet-B0 +6%, and +7-11% without pre-activations.
+# The instruction sets whose depthwise kernel beats XLA's taps inside a model. On AVX2 it loses:
+# AMD EPYC (Zen 3), default threads, against XLA's taps, short blocks in rotation:
+# MobileNetV3-small +13%, EfficientNet-B0 +6%, +7-11% without pre-activations, the detector
+# +15%. At one thread the kernel recomputes a pre-activation for each kernel row that loads a
+# pixel where XLA writes it once, and its loads wait on memory (13 against XLA's 21-26 GFLOP/s at
+# 32 channels, 160x160; docs/benchmarks.md, twelfth round).
 DEPTHWISE_ISAS = frozenset({"avx512"})
+# The instruction sets on which image stems (at most STEM_CHANNELS input channels) of more than
+# STEM_TAPS_TERMS terms, such as ResNet's 7x7 over RGB, become native convolutions. On AVX2 XLA's
+# own (YNNPACK's) convolution ran ResNet-50 5.2% and 8.8% faster (both orders; DBNet-style's
+# ResNet-18 stem equal): the kernel's im2col rows gather 3 floats per tap.
+STEM_ISAS = frozenset({"avx512"})
 # A depthwise convolution applies its producer's bias and activation (PRE_ACTIVATIONS) as it loads
 # X (False: it reads the activated product, for measuring). MobileNetV3-small (8 layers), default
 # threads, both orders twice, against reading the activated product: 1.646 / 1.690 / 1.640 /
@@ -274,7 +282,8 @@ def _product(node: NodeProto, producers: dict[str, NodeProto], inits: dict[str, 
     if not (_pointwise(node) and hwio.shape[:2] == (1, 1)):
         window = _window(node, hwio.shape[:2])
         if window is None or not CONVS or (hwio.shape[:2] == (1, 1) and any(window["pads"])) \
-                or (hwio.shape[2] <= STEM_CHANNELS and hwio[..., 0].size <= STEM_TAPS_TERMS):
+                or (hwio.shape[2] <= STEM_CHANNELS
+                    and (hwio[..., 0].size <= STEM_TAPS_TERMS or native.isa() not in STEM_ISAS)):
             return None
     plain, b = _bias(node, inits, hwio.shape[3])
     if not plain:
