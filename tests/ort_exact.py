@@ -83,52 +83,40 @@ def uint8_weights(model: onnx.ModelProto) -> int:
     producer = {o: n for n in graph.node for o in n.output if o}
     changed = 0
 
-    def shifted(name: str, zp: str | None, like: str) -> tuple[str, str] | None:
-        """New uint8 weight and zero point initializers for int8 `name`; None if not constant."""
+    def shift(node: onnx.NodeProto, wi: int, zi: int, like: str = "") -> bool:
+        """Point node's input `wi` (a constant int8 weight) and `zi` (its int8 zero point, or
+        none: zero, shaped like initializer `like`, else a scalar) at new uint8 initializers."""
+        name = node.input[wi]
+        zp = node.input[zi] if len(node.input) > zi and node.input[zi] else None
         if name not in inits or inits[name].data_type != TensorProto.INT8:
-            return None
+            return False
         if zp and (zp not in inits or inits[zp].data_type != TensorProto.INT8):
-            return None
+            return False
         w = numpy_helper.to_array(inits[name]).astype(np.int16) + 128
         z = (numpy_helper.to_array(inits[zp]).astype(np.int16) + 128 if zp
-             else np.full(numpy_helper.to_array(inits[like]).shape if like in inits else (), 128, np.int16))
+             else np.full(tuple(inits[like].dims) if like in inits else (), 128, np.int16))
         new_w, new_z = f"{name}__uint8", f"{zp or name}__uint8_zero_point"
         for n, v in ((new_w, w), (new_z, z)):
             if n not in inits:
                 inits[n] = numpy_helper.from_array(v.astype(np.uint8), n)
                 graph.initializer.append(inits[n])
-        return new_w, new_z
+        while len(node.input) <= zi:
+            node.input.append("")
+        node.input[wi], node.input[zi] = new_w, new_z
+        return True
 
     for node in graph.node:
         key = (node.domain if node.domain != "ai.onnx" else "", node.op_type)
         for act, wi, zi in WEIGHTS.get(key, ()):
             if act is not None and (len(node.input) <= act or types.get(node.input[act]) != TensorProto.UINT8):
                 continue
-            if len(node.input) <= wi:
-                continue
-            zp = node.input[zi] if len(node.input) > zi and node.input[zi] else None
-            # a missing weight zero point is a scalar (per-tensor) zero
-            names = shifted(node.input[wi], zp, "")
-            if names is None:
-                continue
-            while len(node.input) <= zi:
-                node.input.append("")
-            node.input[wi], node.input[zi] = names
-            changed += 1
+            if len(node.input) > wi and shift(node, wi, zi):
+                changed += 1
         if node.op_type in ("Conv", "MatMul", "Gemm") and key[0] == "" and len(node.input) > 1:
             x, w = (producer.get(node.input[0]), producer.get(node.input[1]))
-            if not (x and w and x.op_type == w.op_type == "DequantizeLinear"):
-                continue
-            if types.get(x.input[0]) != TensorProto.UINT8:
-                continue
-            zp = w.input[2] if len(w.input) > 2 and w.input[2] else None
-            names = shifted(w.input[0], zp, w.input[1])
-            if names is None:
-                continue
-            while len(w.input) <= 2:
-                w.input.append("")
-            w.input[0], w.input[2] = names
-            changed += 1
+            if x and w and x.op_type == w.op_type == "DequantizeLinear" \
+                    and types.get(x.input[0]) == TensorProto.UINT8 and shift(w, 0, 2, like=w.input[1]):
+                changed += 1
     return changed
 
 

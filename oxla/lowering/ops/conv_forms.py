@@ -388,14 +388,14 @@ def dense_dot_last(x: Any, w: Any, strides: Sequence[int], padding: Pads,
                        for tap in itertools.product(*[range(k) for k in kernel])]
     cols = wins[0] if kk == 1 else jnp.concatenate(wins, axis=-1)
     wk = jnp.transpose(w, (*range(2, nd + 2), 1, 0)).reshape((kk * c, m))
-    padded = -(-m // COLUMN_BLOCK) * COLUMN_BLOCK
-    if padded > m and (padded - m) * PAD_COST <= m:  # at most 1 / PAD_COST more columns
-        wk = jnp.pad(wk, ((0, 0), (0, padded - m)))
-    else:
-        padded = m
+    extra = -m % COLUMN_BLOCK
+    if extra * PAD_COST > m:  # at most 1 / PAD_COST more columns
+        extra = 0
+    if extra:
+        wk = jnp.pad(wk, ((0, 0), (0, extra)))
     y = lax.dot_general(cols.reshape((-1, kk * c)), wk, (((1,), (0,)), ((), ())),
                         preferred_element_type=acc)
-    if padded != m:
+    if extra:
         y = y[:, :m]
     return y.reshape((n, *out, m)).astype(x.dtype)
 
