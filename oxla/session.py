@@ -133,8 +133,9 @@ class InferenceSession:
         # oxla's GEMM kernel gains from the pool's threads only: on one core XLA's dot is as fast
         native = (threads if threads > 0 else cores()) if device.platform == "cpu" else 0
         native = native if native > 1 else 0
+        # its GRU loop likewise: on one core it reads R from L3 as fast as XLA's scan does
         options = Options(bake_weights=bake_weights, layout_weights=True, memory_limit=memory_limit,
-                          native_threads=native)
+                          native_threads=native, native_recurrent=native)
         with self._on_device():
             model = ModelProto()
             model.CopyFrom(self._model)

@@ -37,6 +37,7 @@ NR = 32  # columns per packed panel; kernels.cc's NR
 GEMM_TARGET = "oxla_sgemm"
 CONV_TARGET = "oxla_sconv"
 DEPTHWISE_TARGET = "oxla_sdwconv"
+GRU_TARGET = "oxla_sgru"
 
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}
@@ -109,6 +110,7 @@ def _load() -> None:
     jax.ffi.register_ffi_target(CONV_TARGET, jax.ffi.pycapsule(lib.OxlaSconv), platform="cpu")
     jax.ffi.register_ffi_target(DEPTHWISE_TARGET, jax.ffi.pycapsule(lib.OxlaSdwconv),
                                 platform="cpu")
+    jax.ffi.register_ffi_target(GRU_TARGET, jax.ffi.pycapsule(lib.OxlaSgru), platform="cpu")
     _STATE["lib"] = lib
 
 

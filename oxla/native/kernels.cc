@@ -18,6 +18,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <mutex>
@@ -826,6 +827,374 @@ ffi::Error Sdwconv(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   return ffi::Error::Success();
 }
 
+// ---- GRU recurrence (ONNX GRU with its default activations, Sigmoid and Tanh) ----------------
+//
+// Per direction d (bidirectional: forward, then backward in time) and step t, with H the state:
+//   z = sig(c(XW_z + H R_z^T + Rb_z)),  r = sig(c(XW_r + H R_r^T + Rb_r)),
+//   h = tanh(c(XW_h + r * (H R_h^T + Rb_h)))    (linear_before_reset)
+//   h = tanh(c(XW_h + (r * H) R_h^T + Rb_h))    (otherwise: a second stage per step),
+//   H' = (1 - z) * h + z * H;
+// c is Clip(-clip, clip) when clip > 0; a step at or past a sequence's length keeps H and outputs
+// zeros; a sequence of length 0 ends in zeros. XW (T, B, D, 3H) are the input projections X W^T
+// (one dot over every step, before the call), W's bias added here. sig and tanh are MLAS's
+// rational polynomials (onnxruntime's GRU uses them; sig is the one silu uses above).
+//
+// Why oxla owns this loop (docs/benchmarks.md, thirteenth round): a step is a matrix-vector
+// product that reads all of R (3H x H; 786 KB at H = 256, over a Zen 3 core's 512 KB L2), and
+// XLA:CPU runs its time loop on one core. Here every step's hidden units are split between the
+// caller and the intra-op pool's threads (gru_run), each always the same units (rows j, H + j,
+// 2H + j of R), so that each core reads its share of R from its own L2. On one core this loop
+// is no faster than XLA's (both stream R from L3), so oxla uses it on several.
+
+struct GruJob {
+  const float* xw;
+  const float* wb;    // (D, 3H): W's bias, added to XW here
+  const float* R[2];  // per direction (3H, H)
+  const float* rb;
+  const float* h0;
+  const int32_t* lens;  // nullptr: every sequence is T long
+  float* y;
+  float* yh;
+  float* scratch;  // per direction (4, B, H): the state before and after a step; z between the
+                   // two stages of a step and r * H (!lbr)
+  int64_t T, B, D, H;
+  int64_t jb, phases;
+  bool lbr, reverse;
+  float clip;
+};
+
+inline float v_hsum(V v) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_add_ps(v);
+#else
+  __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+  a = _mm_add_ss(a, _mm_movehdup_ps(a));
+  return _mm_cvtss_f32(a);
+#endif
+}
+
+inline V logistic(V v) {
+  V x = v_min(v_max(v, v_set(-18.0f)), v_set(18.0f));
+  V x2 = v_mul(x, x);
+  V p = v_set(4.37031012579801e-11f);
+  p = v_fma(p, x2, v_set(1.15627324459942e-07f));
+  p = v_fma(p, x2, v_set(6.08574864600143e-05f));
+  p = v_fma(p, x2, v_set(8.51377133304701e-03f));
+  p = v_fma(p, x2, v_set(2.48287947061529e-01f));
+  V q = v_set(6.10247389755681e-13f);
+  q = v_fma(q, x2, v_set(5.76102136993427e-09f));
+  q = v_fma(q, x2, v_set(6.29106785017040e-06f));
+  q = v_fma(q, x2, v_set(1.70198817374094e-03f));
+  q = v_fma(q, x2, v_set(1.16817656904453e-01f));
+  q = v_fma(q, x2, v_set(9.93151921023180e-01f));
+  V s = v_add(v_div(v_mul(p, x), q), v_set(0.5f));
+  return v_min(v_max(s, v_zero()), v_set(1.0f));
+}
+
+inline V tanh_v(V v) {  // MLAS's MlasTanhKernel
+  V x = v_min(v_max(v, v_set(-9.0f)), v_set(9.0f));
+  V x2 = v_mul(x, x);
+  V p = v_set(-2.76076847742355e-16f);
+  p = v_fma(p, x2, v_set(2.00018790482477e-13f));
+  p = v_fma(p, x2, v_set(-8.60467152213735e-11f));
+  p = v_fma(p, x2, v_set(5.12229709037114e-08f));
+  p = v_fma(p, x2, v_set(1.48572235717979e-05f));
+  p = v_fma(p, x2, v_set(6.37261928875436e-04f));
+  p = v_fma(p, x2, v_set(4.89352455891786e-03f));
+  V q = v_set(1.19825839466702e-06f);
+  q = v_fma(q, x2, v_set(1.18534705686654e-04f));
+  q = v_fma(q, x2, v_set(2.26843463243900e-03f));
+  q = v_fma(q, x2, v_set(4.89352518554385e-03f));
+  return v_div(v_mul(p, x), q);
+}
+
+// out[b * ldo + i] = R[i, :] . h[b, :] for rows i < n (rows H apart) and every b < B: four rows
+// at a time, which stay in L1 while every b passes over them.
+void gru_dots(const float* R, int64_t H, int64_t n, const float* h, int64_t B, float* out,
+              int64_t ldo) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const float* r = R + i * H;
+    for (int64_t b = 0; b < B; ++b) {
+      const float* x = h + b * H;
+      V a0 = v_zero(), a1 = v_zero(), a2 = v_zero(), a3 = v_zero();
+      int64_t k = 0;
+      for (; k + L <= H; k += L) {
+        V xv = v_load(x + k);
+        a0 = v_fma(v_load(r + k), xv, a0);
+        a1 = v_fma(v_load(r + H + k), xv, a1);
+        a2 = v_fma(v_load(r + 2 * H + k), xv, a2);
+        a3 = v_fma(v_load(r + 3 * H + k), xv, a3);
+      }
+      if (k < H) {
+        Mask m = lanes(H - k);
+        V xv = v_load_m(x + k, m);
+        a0 = v_fma(v_load_m(r + k, m), xv, a0);
+        a1 = v_fma(v_load_m(r + H + k, m), xv, a1);
+        a2 = v_fma(v_load_m(r + 2 * H + k, m), xv, a2);
+        a3 = v_fma(v_load_m(r + 3 * H + k, m), xv, a3);
+      }
+      float* o = out + b * ldo + i;
+      o[0] = v_hsum(a0);
+      o[1] = v_hsum(a1);
+      o[2] = v_hsum(a2);
+      o[3] = v_hsum(a3);
+    }
+  }
+  for (; i < n; ++i) {
+    const float* r = R + i * H;
+    for (int64_t b = 0; b < B; ++b) {
+      const float* x = h + b * H;
+      V a = v_zero();
+      for (int64_t k = 0; k < H; k += L) a = v_fma(v_load_n(r + k, H - k), v_load_n(x + k, H - k), a);
+      out[b * ldo + i] = v_hsum(a);
+    }
+  }
+}
+
+inline V v_sub1(V z) { return v_fma(z, v_set(-1.0f), v_set(1.0f)); }  // 1 - z
+
+inline V gru_clip(V v, float clip) {
+  return clip > 0 ? v_min(v_max(v, v_set(-clip)), v_set(clip)) : v;
+}
+
+// Stage s over hidden units [j0, j0 + n) (n <= jb) of every sequence.
+void gru_block(const GruJob& j, int64_t s, int64_t j0, int64_t n) {
+  int64_t d = s / (j.T * j.phases), i = (s / j.phases) % j.T, p = s % j.phases;
+  bool backward = j.D == 2 ? d == 1 : j.reverse;
+  int64_t t = backward ? j.T - 1 - i : i;
+  int64_t H = j.H, B = j.B, G = 3 * H;
+  float* state = j.scratch + d * 4 * B * H;
+  float *zbuf = state + 2 * B * H, *rh = state + 3 * B * H;
+  const float* cur = state + (i % 2) * B * H;
+  float* next = state + ((i + 1) % 2) * B * H;
+  const float* R = j.R[d];
+  const float* rb = j.rb + d * G;
+  const float* wb = j.wb + d * G;
+  thread_local std::vector<float> acc;
+  acc.resize((size_t)(B * 3 * j.jb));
+  int64_t lda = 3 * j.jb;  // acc (B, 3, jb)
+  bool last = p == j.phases - 1;
+  if (p == 0) {
+    gru_dots(R + j0 * H, H, n, cur, B, acc.data(), lda);
+    gru_dots(R + (H + j0) * H, H, n, cur, B, acc.data() + j.jb, lda);
+    if (j.lbr) gru_dots(R + (2 * H + j0) * H, H, n, cur, B, acc.data() + 2 * j.jb, lda);
+  } else {
+    gru_dots(R + (2 * H + j0) * H, H, n, rh, B, acc.data() + 2 * j.jb, lda);
+  }
+  for (int64_t b = 0; b < B; ++b) {
+    bool masked = j.lens && t >= j.lens[b];
+    float* yt = j.y + ((t * j.D + d) * B + b) * H;
+    if (masked) {
+      if (last) {
+        for (int64_t c = 0; c < n; ++c) {
+          next[b * H + j0 + c] = cur[b * H + j0 + c];
+          yt[j0 + c] = 0.0f;
+        }
+      }
+      continue;
+    }
+    const float* xw = j.xw + ((t * B + b) * j.D + d) * G;
+    const float* a = acc.data() + b * lda;
+    for (int64_t c = 0; c < n; c += L) {
+      int64_t m = n - c, u = j0 + c;
+      V h = v_load_n(cur + b * H + u, m);
+      V z;
+      if (p == 0) {
+        z = logistic(gru_clip(v_add(v_add(v_load_n(xw + u, m), v_load_n(wb + u, m)),
+                                    v_add(v_load_n(a + c, m), v_load_n(rb + u, m))), j.clip));
+        V r = logistic(gru_clip(v_add(v_add(v_load_n(xw + H + u, m), v_load_n(wb + H + u, m)),
+                                      v_add(v_load_n(a + j.jb + c, m), v_load_n(rb + H + u, m))),
+                                j.clip));
+        if (!j.lbr) {
+          v_store_n(zbuf + b * H + u, m, z);
+          v_store_n(rh + b * H + u, m, v_mul(r, h));
+          continue;
+        }
+        V hr = v_add(v_load_n(a + 2 * j.jb + c, m), v_load_n(rb + 2 * H + u, m));
+        V xh = v_add(v_load_n(xw + 2 * H + u, m), v_load_n(wb + 2 * H + u, m));
+        V g = tanh_v(gru_clip(v_fma(r, hr, xh), j.clip));
+        V out = v_fma(v_sub1(z), g, v_mul(z, h));
+        v_store_n(next + b * H + u, m, out);
+        v_store_n(yt + u, m, out);
+      } else {
+        z = v_load_n(zbuf + b * H + u, m);
+        V xh = v_add(v_load_n(xw + 2 * H + u, m), v_load_n(wb + 2 * H + u, m));
+        V g = tanh_v(gru_clip(v_add(xh, v_add(v_load_n(a + 2 * j.jb + c, m),
+                                              v_load_n(rb + 2 * H + u, m))), j.clip));
+        V out = v_fma(v_sub1(z), g, v_mul(z, h));
+        v_store_n(next + b * H + u, m, out);
+        v_store_n(yt + u, m, out);
+      }
+    }
+  }
+}
+
+// Stage s over part `part` of `parts` of the hidden units (cut at multiples of L), in blocks
+// of jb: one part per thread, so that each thread reads the same rows of R at every step.
+void gru_part(const GruJob& j, int64_t s, int part, int parts) {
+  int64_t units = (j.H + L - 1) / L;
+  int64_t u0 = std::min(j.H, units * part / parts * L);
+  int64_t u1 = std::min(j.H, units * (part + 1) / parts * L);
+  for (int64_t u = u0; u < u1; u += j.jb) gru_block(j, s, u, std::min(j.jb, u1 - u));
+}
+
+// The caller and pool threads over a call, split by hidden units: part k of every stage is pool
+// thread k's, part 0 the caller's, so that each thread reads the same rows of R (in its own L2)
+// at every step. `claim` is gen:16 | stage:24 | parts taken:16. The caller publishes a stage,
+// runs its part, takes every part still free (its pool thread has not arrived) and waits for
+// those others took (`done`: parts finished in the call). A stage costs a thread one claim:
+// per-block claims cost 2-3 us a step in cache line transfers between cores.
+//
+// Measured and not kept: a bidirectional layer's directions on two threads (each reads its
+// whole R from L3, no thread waits for the other within a direction): as fast or 5-10% slower.
+struct GruTeam {
+  std::mutex busy;
+  alignas(64) std::atomic<uint64_t> claim{0};
+  alignas(64) std::atomic<int64_t> done{0};
+  uint64_t gen = 0;
+};
+
+GruTeam* gru_team() {
+  static GruTeam* t = new GruTeam();  // never freed: a late pool task may still read it at exit
+  return t;
+}
+
+constexpr uint64_t GRU_END = (1u << 24) - 1;  // the stage after the last
+constexpr int GRU_MAX_PARTS = 16;
+inline uint64_t gru_claim(uint64_t g, uint64_t s, uint64_t taken) {
+  return g << 40 | s << 16 | taken;
+}
+
+// The serial steps between stages: a direction's first state in, its last state out.
+void gru_edges(const GruJob& j, int64_t s, bool first) {
+  int64_t per = j.T * j.phases, d = s / per, BH = j.B * j.H;
+  float* state = j.scratch + d * 4 * BH;
+  if (first && s % per == 0) std::copy(j.h0 + d * BH, j.h0 + (d + 1) * BH, state);
+  if (!first && s % per == per - 1) {
+    const float* fin = state + (j.T % 2) * BH;
+    for (int64_t b = 0; b < j.B; ++b) {
+      bool empty = j.lens && j.lens[b] <= 0;
+      for (int64_t u = 0; u < j.H; ++u) j.yh[d * BH + b * j.H + u] = empty ? 0.0f : fin[b * j.H + u];
+    }
+  }
+}
+
+// Every stage of direction d, on this thread.
+void gru_direction(const GruJob& j, int64_t d) {
+  int64_t per = j.T * j.phases;
+  for (int64_t s = d * per; s < (d + 1) * per; ++s) {
+    gru_edges(j, s, true);
+    gru_part(j, s, 0, 1);
+    gru_edges(j, s, false);
+  }
+}
+
+// Part k of each stage from the one published when it arrives, until the call ends.
+void gru_part_helper(GruTeam* t, uint64_t g, const GruJob* job, int k, int parts) {
+  uint64_t next = 0;  // the first stage this thread may still take
+  for (;;) {
+    uint64_t c = t->claim.load(std::memory_order_acquire);
+    uint64_t s = (c >> 16) & GRU_END, taken = c & 0xFFFF;
+    if ((c >> 40) != g || s == GRU_END) return;
+    if (s < next || (taken >> k & 1)) {
+      _mm_pause();
+      continue;
+    }
+    if (t->claim.compare_exchange_weak(c, c | (uint64_t)1 << k, std::memory_order_acq_rel)) {
+      gru_part(*job, (int64_t)s, k, parts);
+      t->done.fetch_add(1, std::memory_order_release);
+      next = s + 1;
+    }
+  }
+}
+
+void gru_run(const GruJob& j, int threads, ffi::ThreadPool& pool) {
+  int64_t stages = j.D * j.T * j.phases;
+  int parts = std::min<int>(std::min(threads, GRU_MAX_PARTS), (int)((j.H + L - 1) / L));
+  GruTeam* t = gru_team();
+  std::unique_lock<std::mutex> lock(t->busy, std::defer_lock);
+  if (parts < 2 || stages >= (int64_t)GRU_END || !lock.try_lock()) {
+    for (int64_t d = 0; d < j.D; ++d) gru_direction(j, d);
+    return;
+  }
+  uint64_t g = (t->gen + 1) & 0xFFFF;
+  t->gen = g;
+  t->done.store(0, std::memory_order_relaxed);
+  const GruJob* job = &j;
+  uint64_t all = ((uint64_t)1 << parts) - 1;
+  t->claim.store(gru_claim(g, 0, all), std::memory_order_release);  // nothing to take yet
+  for (int k = 1; k < parts; ++k)
+    pool.Schedule([t, g, job, k, parts] { gru_part_helper(t, g, job, k, parts); });
+  int64_t others = 0;  // parts run by pool threads so far
+  for (int64_t s = 0; s < stages; ++s) {
+    gru_edges(j, s, true);
+    t->claim.store(gru_claim(g, s, 1), std::memory_order_release);
+    gru_part(j, s, 0, parts);
+    for (int k = 1; k < parts; ++k) {
+      uint64_t c = t->claim.load(std::memory_order_acquire);
+      while (!(c >> k & 1)) {
+        if (t->claim.compare_exchange_weak(c, c | (uint64_t)1 << k, std::memory_order_acq_rel)) {
+          gru_part(j, s, k, parts);
+          --others;  // counted below as taken by another thread
+          break;
+        }
+      }
+    }
+    others += parts - 1;
+    while (t->done.load(std::memory_order_acquire) < others) _mm_pause();
+    gru_edges(j, s, false);
+  }
+  t->claim.store(gru_claim(g, GRU_END, all), std::memory_order_release);
+}
+
+// Hidden units per block: the dots of a block's rows are kept (B, 3, jb) for its gates.
+constexpr int64_t GRU_BLOCK_UNITS = 32;
+// Below this many multiply-adds per step a second thread costs more than it saves.
+constexpr double GRU_MIN_MACS = 1e5;
+
+ffi::Error Sgru(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> xw, ffi::Buffer<ffi::F32> wb,
+                ffi::Buffer<ffi::F32> r0,
+                ffi::Buffer<ffi::F32> r1, ffi::Buffer<ffi::F32> rb, ffi::Buffer<ffi::F32> h0, ffi::Buffer<ffi::S32> lens,
+                ffi::ResultBuffer<ffi::F32> y, ffi::ResultBuffer<ffi::F32> yh, int64_t threads,
+                int64_t linear_before_reset, int64_t reverse, float clip) {
+  auto rd = r0.dimensions(), yd = y->dimensions();
+  if (rd.size() != 2 || r1.dimensions().size() != 2 || yd.size() != 4)
+    return ffi::Error::InvalidArgument("oxla_sgru: operand ranks");
+  int64_t T = yd[0], D = yd[1], B = yd[2], H = rd[1];
+  if ((D != 1 && D != 2) || rd[0] != 3 * H || r1.dimensions()[0] != rd[0] ||
+      r1.dimensions()[1] != H || yd[3] != H || (int64_t)xw.element_count() != T * B * D * 3 * H)
+    return ffi::Error::InvalidArgument("oxla_sgru: operand shapes");
+  if ((int64_t)rb.element_count() != D * 3 * H || (int64_t)wb.element_count() != D * 3 * H || (int64_t)h0.element_count() != D * B * H ||
+      (int64_t)yh->element_count() != D * B * H)
+    return ffi::Error::InvalidArgument("oxla_sgru: bias or state shape");
+  int64_t nl = lens.element_count();
+  if (nl != 0 && nl != B) return ffi::Error::InvalidArgument("oxla_sgru: sequence_lens length");
+  if (T == 0 || B == 0 || H == 0) return ffi::Error::InvalidArgument("oxla_sgru: empty operand");
+  std::vector<float> scratch((size_t)(4 * D * B * H));
+  GruJob j;
+  j.xw = xw.typed_data();
+  j.wb = wb.typed_data();
+  j.R[0] = r0.typed_data();
+  j.R[1] = r1.typed_data();
+  j.rb = rb.typed_data();
+  j.h0 = h0.typed_data();
+  j.lens = nl ? lens.typed_data() : nullptr;
+  j.y = y->typed_data();
+  j.yh = yh->typed_data();
+  j.scratch = scratch.data();
+  j.T = T; j.B = B; j.D = D; j.H = H;
+  j.lbr = linear_before_reset != 0;
+  j.reverse = reverse != 0;
+  j.clip = clip;
+  j.phases = j.lbr ? 1 : 2;
+  j.jb = GRU_BLOCK_UNITS;
+  double macs = 3.0 * (double)H * (double)H * (double)B;
+  gru_run(j, macs >= GRU_MIN_MACS ? usable(threads, pool) : 1, pool);
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(OxlaSgemm, Sgemm,
@@ -883,3 +1252,20 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(OxlaSdwconv, Sdwconv,
                                   .Attr<int64_t>("pre_act")      // -1: X read as it is
                                   .Attr<float>("pre_lo")
                                   .Attr<float>("pre_hi"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(OxlaSgru, Sgru,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // X W^T (T B, D 3H)
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // W's bias (D, 3H)
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // R of direction 0 (3H, H)
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // R of direction 1, or 0's
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // Rb (D, 3H)
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // initial state (D, B, H)
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // sequence_lens (B,) or (0,)
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // Y (T, D, B, H)
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // Y_h (D, B, H)
+                                  .Attr<int64_t>("threads")
+                                  .Attr<int64_t>("linear_before_reset")
+                                  .Attr<int64_t>("reverse")       // D = 1: backward in time
+                                  .Attr<float>("clip"));         // <= 0: none

@@ -12,9 +12,12 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
+from oxla import native
 from oxla.lowering.registry import rule
 
 Act = Callable[[Any], Any]
@@ -104,12 +107,19 @@ def _recur(cell: Cell, xw: Any, init: tuple, mask: Any, reverse: bool) -> tuple[
     return y, final
 
 
+Fused = Callable[[Any, Any, Any, Any, list, Any, list[bool]], tuple | None]
+
+
 def _layer(cx, X, W, R, B, sequence_lens, states: list, *, gates: int, direction: str,
            hidden_size: int | None, layout: int, make_cell: Callable[[int, Any, Any], Cell],
-           project: Callable[[int, Any], Any] | None = None) -> tuple:
+           project: Callable[[int, Any], Any] | None = None, fused: Fused | None = None) -> tuple:
     """The shared driver: returns Y and the final states, in the node's layout.
 
     `project(d, X)` replaces the input projection X W[d]^T + Wb[d] (quantized variants).
+    `fused(xw, Wb, R, Rb, states, sequence_lens, reverse)` may run every direction's time loop
+    at once from the input projections xw = X W^T (T, batch, dirs * gates * H) and the biases
+    Wb, Rb (dirs, gates * H): it returns (Y, final states) in layout 0, or None to leave them to
+    the scans.
     """
     for name, v in (("X", X), ("W", W), ("R", R)):
         cx.expect_rank(name, v, 3)
@@ -138,8 +148,15 @@ def _layer(cx, X, W, R, B, sequence_lens, states: list, *, gates: int, direction
     ys, finals = [], []
     G = gates * H
     if project is None:  # W [dirs, G, input] read as [dirs*G, input]
-        xw_all = (jnp.einsum("tbi,gi->tbg", X, jnp.reshape(W, (-1, W.shape[-1])), precision=HIGHEST)
-                  + jnp.reshape(B[:, :G], (-1,)))
+        xw_all = jnp.einsum("tbi,gi->tbg", X, jnp.reshape(W, (-1, W.shape[-1])), precision=HIGHEST)
+        done = None if fused is None else fused(xw_all, B[:, :G], R, B[:, G:], states,
+                                                sequence_lens, reverse)
+        xw_all = xw_all + jnp.reshape(B[:, :G], (-1,))
+        if done is not None:
+            Y, outs = done
+            if layout:
+                return jnp.transpose(Y, (2, 0, 1, 3)), *[jnp.swapaxes(s, 0, 1) for s in outs]
+            return Y, *outs
     for d, backward in enumerate(reverse):
         if project is None:
             xw = xw_all[..., d * G:(d + 1) * G]
@@ -199,6 +216,47 @@ def rnn(cx, X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_a
                   hidden_size=hidden_size, layout=layout, make_cell=make_cell)
 
 
+# The native GRU loop (oxla/native/kernels.cc, Sgru) up to this batch; above it the step is a
+# matrix product that XLA's dot runs well. (thirteenth round, docs/benchmarks.md)
+NATIVE_GRU_MAX_BATCH = 16
+NATIVE_GRU = True  # False: GRU layers stay XLA's scans (for measuring)
+DEFAULT_GRU = ("sigmoid", "tanh")
+
+
+def _native_gru(cx, activations: Sequence[str] | None, clip: float | None,
+                linear_before_reset: int) -> Fused | None:
+    """The GRU's time loops as one oxla_sgru call, where the options ask for it and the layer is
+    one it runs (default activations, float32, batch <= NATIVE_GRU_MAX_BATCH)."""
+    if cx.options.native_recurrent <= 0 or not NATIVE_GRU:
+        return None
+    names = tuple(a.lower() for a in activations) if activations else DEFAULT_GRU
+    if names not in (DEFAULT_GRU, DEFAULT_GRU * 2) or (clip is not None and clip <= 0):
+        return None
+
+    def fused(xw, wb, R, rb, states: list, sequence_lens, reverse: list[bool]) -> tuple | None:
+        (h0,) = states
+        T, batch, H = xw.shape[0], xw.shape[1], R.shape[-1]
+        if (min(T, batch, H) < 1 or batch > NATIVE_GRU_MAX_BATCH
+                or any(v.dtype != jnp.float32 for v in (xw, wb, R, rb, h0))
+                or not native.available()):
+            return None
+        dirs = len(reverse)
+        lens = (jnp.zeros((0,), jnp.int32) if sequence_lens is None
+                else jnp.reshape(sequence_lens, (-1,)).astype(jnp.int32))
+        out = (jax.ShapeDtypeStruct((T, dirs, batch, H), jnp.float32),
+               jax.ShapeDtypeStruct((dirs, batch, H), jnp.float32))
+        # R per direction: XLA folds the slices of the per-direction parameters' Concat
+        # (recurrent_weights_per_direction) away, so R is never copied.
+        y, yh = jax.ffi.ffi_call(native.GRU_TARGET, out)(
+            jnp.reshape(xw, (T * batch, -1)), wb, R[0], R[dirs - 1], rb, h0, lens,
+            threads=np.int64(cx.options.native_recurrent),
+            linear_before_reset=np.int64(1 if linear_before_reset else 0),
+            reverse=np.int64(1 if reverse == [True] else 0),
+            clip=np.float32(0.0 if clip is None else clip))
+        return y, [yh]
+    return fused
+
+
 @rule("GRU", since=7)
 def gru(cx, X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_alpha=None,
         activation_beta=None, activations=None, clip=None, direction="forward",
@@ -230,7 +288,8 @@ def gru(cx, X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_a
         return cell
 
     return _layer(cx, X, W, R, B, sequence_lens, [initial_h], gates=3, direction=direction,
-                  hidden_size=hidden_size, layout=layout, make_cell=make_cell)
+                  hidden_size=hidden_size, layout=layout, make_cell=make_cell,
+                  fused=_native_gru(cx, activations, clip, linear_before_reset))
 
 
 @rule("LSTM", since=7)
