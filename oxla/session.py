@@ -131,11 +131,11 @@ class InferenceSession:
         self._device = None if device == jax.devices()[0] else device
         bake_weights, cache_size, memory_limit = self._build_options
         # oxla's GEMM kernel gains from the pool's threads only: on one core XLA's dot is as fast
-        native = (threads if threads > 0 else cores()) if device.platform == "cpu" else 0
-        native = native if native > 1 else 0
-        # its GRU loop likewise: on one core it reads R from L3 as fast as XLA's scan does
+        usable = (threads if threads > 0 else cores()) if device.platform == "cpu" else 0
+        native = usable if usable > 1 else 0
+        # the GRU loop also runs on one core (for batches: rnn.py's _native_gru)
         options = Options(bake_weights=bake_weights, layout_weights=True, memory_limit=memory_limit,
-                          native_threads=native, native_recurrent=native)
+                          native_threads=native, native_recurrent=usable)
         with self._on_device():
             model = ModelProto()
             model.CopyFrom(self._model)

@@ -909,14 +909,47 @@ inline V tanh_v(V v) {  // MLAS's MlasTanhKernel
   return v_div(v_mul(p, x), q);
 }
 
+// Rows r[0..3] (H apart) times h rows x0, x1 (two sequences): out0[0..3], out1[0..3].
+inline void gru_dots_4x2(const float* r, int64_t H, const float* x0, const float* x1, float* o0,
+                         float* o1) {
+  V a[8];
+  for (V& v : a) v = v_zero();
+  int64_t k = 0;
+  for (; k + L <= H; k += L) {
+    V y0 = v_load(x0 + k), y1 = v_load(x1 + k);
+    for (int q = 0; q < 4; ++q) {
+      V w = v_load(r + q * H + k);
+      a[q] = v_fma(w, y0, a[q]);
+      a[4 + q] = v_fma(w, y1, a[4 + q]);
+    }
+  }
+  if (k < H) {
+    Mask m = lanes(H - k);
+    V y0 = v_load_m(x0 + k, m), y1 = v_load_m(x1 + k, m);
+    for (int q = 0; q < 4; ++q) {
+      V w = v_load_m(r + q * H + k, m);
+      a[q] = v_fma(w, y0, a[q]);
+      a[4 + q] = v_fma(w, y1, a[4 + q]);
+    }
+  }
+  for (int q = 0; q < 4; ++q) {
+    o0[q] = v_hsum(a[q]);
+    o1[q] = v_hsum(a[4 + q]);
+  }
+}
+
 // out[b * ldo + i] = R[i, :] . h[b, :] for rows i < n (rows H apart) and every b < B: four rows
-// at a time, which stay in L1 while every b passes over them.
+// at a time, which stay in L1 while the sequences pass over them, two at a time (8 accumulators:
+// R's rows are loaded once for both).
 void gru_dots(const float* R, int64_t H, int64_t n, const float* h, int64_t B, float* out,
               int64_t ldo) {
   int64_t i = 0;
   for (; i + 4 <= n; i += 4) {
     const float* r = R + i * H;
-    for (int64_t b = 0; b < B; ++b) {
+    int64_t b = 0;
+    for (; b + 2 <= B; b += 2)
+      gru_dots_4x2(r, H, h + b * H, h + (b + 1) * H, out + b * ldo + i, out + (b + 1) * ldo + i);
+    for (; b < B; ++b) {
       const float* x = h + b * H;
       V a0 = v_zero(), a1 = v_zero(), a2 = v_zero(), a3 = v_zero();
       int64_t k = 0;

@@ -216,9 +216,10 @@ def rnn(cx, X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_a
                   hidden_size=hidden_size, layout=layout, make_cell=make_cell)
 
 
-# The native GRU loop (oxla/native/kernels.cc, Sgru) up to this batch; above it the step is a
-# matrix product that XLA's dot runs well. (thirteenth round, docs/benchmarks.md)
-NATIVE_GRU_MAX_BATCH = 16
+# The native GRU loop (oxla/native/kernels.cc, Sgru) against the scans, a bidirectional layer of
+# hidden 256 over 50 steps: at two threads batch 1 ~0.5x the time, 8-64 0.42-0.5x, 128-256 0.7x;
+# at one thread batch 1 1.15x (both stream R from L3 once a step), 8 0.66x, 32 0.75x
+# (docs/benchmarks.md, thirteenth round). So on one thread, batches only.
 NATIVE_GRU = True  # False: GRU layers stay XLA's scans (for measuring)
 DEFAULT_GRU = ("sigmoid", "tanh")
 
@@ -226,7 +227,7 @@ DEFAULT_GRU = ("sigmoid", "tanh")
 def _native_gru(cx, activations: Sequence[str] | None, clip: float | None,
                 linear_before_reset: int) -> Fused | None:
     """The GRU's time loops as one oxla_sgru call, where the options ask for it and the layer is
-    one it runs (default activations, float32, batch <= NATIVE_GRU_MAX_BATCH)."""
+    one it runs (default activations, float32)."""
     if cx.options.native_recurrent <= 0 or not NATIVE_GRU:
         return None
     names = tuple(a.lower() for a in activations) if activations else DEFAULT_GRU
@@ -236,7 +237,7 @@ def _native_gru(cx, activations: Sequence[str] | None, clip: float | None,
     def fused(xw, wb, R, rb, states: list, sequence_lens, reverse: list[bool]) -> tuple | None:
         (h0,) = states
         T, batch, H = xw.shape[0], xw.shape[1], R.shape[-1]
-        if (min(T, batch, H) < 1 or batch > NATIVE_GRU_MAX_BATCH
+        if (min(T, batch, H) < 1 or (cx.options.native_recurrent == 1 and batch == 1)
                 or any(v.dtype != jnp.float32 for v in (xw, wb, R, rb, h0))
                 or not native.available()):
             return None
