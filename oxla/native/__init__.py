@@ -38,6 +38,7 @@ GEMM_TARGET = "oxla_sgemm"
 CONV_TARGET = "oxla_sconv"
 DEPTHWISE_TARGET = "oxla_sdwconv"
 GRU_TARGET = "oxla_sgru"
+LSTM_TARGET = "oxla_slstm"
 
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}
@@ -111,6 +112,7 @@ def _load() -> None:
     jax.ffi.register_ffi_target(DEPTHWISE_TARGET, jax.ffi.pycapsule(lib.OxlaSdwconv),
                                 platform="cpu")
     jax.ffi.register_ffi_target(GRU_TARGET, jax.ffi.pycapsule(lib.OxlaSgru), platform="cpu")
+    jax.ffi.register_ffi_target(LSTM_TARGET, jax.ffi.pycapsule(lib.OxlaSlstm), platform="cpu")
     _STATE["lib"] = lib
 
 

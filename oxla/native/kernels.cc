@@ -827,7 +827,9 @@ ffi::Error Sdwconv(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   return ffi::Error::Success();
 }
 
-// ---- GRU recurrence (ONNX GRU with its default activations, Sigmoid and Tanh) ----------------
+// ---- GRU and LSTM recurrences (ONNX's, with their default activations: Sigmoid and Tanh) -----
+//
+// The GRU below; the LSTM (lstm_block) shares its dots, threads and edges.
 //
 // Per direction d (bidirectional: forward, then backward in time) and step t, with H the state:
 //   z = sig(c(XW_z + H R_z^T + Rb_z)),  r = sig(c(XW_r + H R_r^T + Rb_r)),
@@ -848,19 +850,25 @@ ffi::Error Sdwconv(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
 
 struct GruJob {
   const float* xw;
-  const float* wb;    // (D, 3H): W's bias, added to XW here
-  const float* R[2];  // per direction (3H, H)
+  const float* wb;    // (D, gates H): W's bias, added to XW here
+  const float* R[2];  // per direction (gates H, H)
   const float* rb;
   const float* h0;
   const int32_t* lens;  // nullptr: every sequence is T long
   float* y;
   float* yh;
-  float* scratch;  // per direction (4, B, H): the state before and after a step; z between the
-                   // two stages of a step and r * H (!lbr)
+  float* scratch;  // per direction (4, B, H): the state before and after a step; then GRU: z
+                   // between the two stages of a step and r * H (!lbr); LSTM: the cell state
   int64_t T, B, D, H;
   int64_t jb, phases;
+  int64_t gates;  // 3: GRU, 4: LSTM (oxla_slstm)
   bool lbr, reverse;
   float clip;
+  // LSTM only
+  const float* c0;
+  const float* P;  // (D, 3H) peepholes i, o, f, or nullptr
+  float* yc;
+  bool input_forget;
 };
 
 inline float v_hsum(V v) {
@@ -1064,13 +1072,77 @@ void gru_block(const GruJob& j, int64_t s, int64_t j0, int64_t n) {
   }
 }
 
+// LSTM (oxla_slstm), one stage per step, hidden units [j0, j0 + n) of every sequence:
+//   i = sig(c(Z_i + P_i * C)), f = sig(c(Z_f + P_f * C)) (or 1 - i with input_forget),
+//   C' = f * C + i * tanh(c(Z_c)), o = sig(c(Z_o + P_o * C')), H' = o * tanh(C'),
+// Z = XW + Wb + H R^T + Rb with gates ordered i, o, f, c (ONNX's LSTM and oxla's rule, rnn.py).
+// The cell state of a unit is only ever read and written by the thread that runs the unit.
+void lstm_block(const GruJob& j, int64_t s, int64_t j0, int64_t n) {
+  int64_t d = s / j.T, i = s % j.T;
+  bool backward = j.D == 2 ? d == 1 : j.reverse;
+  int64_t t = backward ? j.T - 1 - i : i;
+  int64_t H = j.H, B = j.B, G = 4 * H;
+  float* state = j.scratch + d * 4 * B * H;
+  const float* cur = state + (i % 2) * B * H;
+  float* next = state + ((i + 1) % 2) * B * H;
+  float* cell = state + 2 * B * H;
+  const float* R = j.R[d];
+  const float* rb = j.rb + d * G;
+  const float* wb = j.wb + d * G;
+  const float* P = j.P ? j.P + d * 3 * H : nullptr;
+  thread_local std::vector<float> acc;
+  acc.resize((size_t)(B * 4 * j.jb));
+  int64_t lda = 4 * j.jb;  // acc (B, 4, jb)
+  for (int64_t g = 0; g < 4; ++g)
+    gru_dots(R + (g * H + j0) * H, H, n, cur, B, acc.data() + g * j.jb, lda);
+  for (int64_t b = 0; b < B; ++b) {
+    float* yt = j.y + ((t * j.D + d) * B + b) * H;
+    if (j.lens && t >= j.lens[b]) {  // past the sequence: state kept, output zero
+      for (int64_t c = 0; c < n; ++c) {
+        next[b * H + j0 + c] = cur[b * H + j0 + c];
+        yt[j0 + c] = 0.0f;
+      }
+      continue;
+    }
+    const float* xw = j.xw + ((t * B + b) * j.D + d) * G;
+    const float* a = acc.data() + b * lda;
+    for (int64_t c = 0; c < n; c += L) {
+      int64_t m = n - c, u = j0 + c;
+      V z[4];
+      for (int g = 0; g < 4; ++g)
+        z[g] = v_add(v_add(v_load_n(xw + g * H + u, m), v_load_n(wb + g * H + u, m)),
+                     v_add(v_load_n(a + g * j.jb + c, m), v_load_n(rb + g * H + u, m)));
+      V C = v_load_n(cell + b * H + u, m);
+      V zi = P ? v_fma(v_load_n(P + u, m), C, z[0]) : z[0];
+      V ig = logistic(gru_clip(zi, j.clip));
+      V fg;
+      if (j.input_forget) {
+        fg = v_sub1(ig);
+      } else {
+        V zf = P ? v_fma(v_load_n(P + 2 * H + u, m), C, z[2]) : z[2];
+        fg = logistic(gru_clip(zf, j.clip));
+      }
+      V Cn = v_fma(fg, C, v_mul(ig, tanh_v(gru_clip(z[3], j.clip))));
+      V zo = P ? v_fma(v_load_n(P + H + u, m), Cn, z[1]) : z[1];
+      V og = logistic(gru_clip(zo, j.clip));
+      V out = v_mul(og, tanh_v(Cn));
+      v_store_n(cell + b * H + u, m, Cn);
+      v_store_n(next + b * H + u, m, out);
+      v_store_n(yt + u, m, out);
+    }
+  }
+}
+
 // Stage s over part `part` of `parts` of the hidden units (cut at multiples of L), in blocks
 // of jb: one part per thread, so that each thread reads the same rows of R at every step.
 void gru_part(const GruJob& j, int64_t s, int part, int parts) {
   int64_t units = (j.H + L - 1) / L;
   int64_t u0 = std::min(j.H, units * part / parts * L);
   int64_t u1 = std::min(j.H, units * (part + 1) / parts * L);
-  for (int64_t u = u0; u < u1; u += j.jb) gru_block(j, s, u, std::min(j.jb, u1 - u));
+  for (int64_t u = u0; u < u1; u += j.jb) {
+    if (j.gates == 4) lstm_block(j, s, u, std::min(j.jb, u1 - u));
+    else gru_block(j, s, u, std::min(j.jb, u1 - u));
+  }
 }
 
 // The caller and pool threads over a call, split by hidden units: part k of every stage is pool
@@ -1104,12 +1176,19 @@ inline uint64_t gru_claim(uint64_t g, uint64_t s, uint64_t taken) {
 void gru_edges(const GruJob& j, int64_t s, bool first) {
   int64_t per = j.T * j.phases, d = s / per, BH = j.B * j.H;
   float* state = j.scratch + d * 4 * BH;
-  if (first && s % per == 0) std::copy(j.h0 + d * BH, j.h0 + (d + 1) * BH, state);
+  bool lstm = j.gates == 4;
+  if (first && s % per == 0) {
+    std::copy(j.h0 + d * BH, j.h0 + (d + 1) * BH, state);
+    if (lstm) std::copy(j.c0 + d * BH, j.c0 + (d + 1) * BH, state + 2 * BH);
+  }
   if (!first && s % per == per - 1) {
     const float* fin = state + (j.T % 2) * BH;
     for (int64_t b = 0; b < j.B; ++b) {
       bool empty = j.lens && j.lens[b] <= 0;
-      for (int64_t u = 0; u < j.H; ++u) j.yh[d * BH + b * j.H + u] = empty ? 0.0f : fin[b * j.H + u];
+      for (int64_t u = 0; u < j.H; ++u) {
+        j.yh[d * BH + b * j.H + u] = empty ? 0.0f : fin[b * j.H + u];
+        if (lstm) j.yc[d * BH + b * j.H + u] = empty ? 0.0f : state[2 * BH + b * j.H + u];
+      }
     }
   }
 }
@@ -1218,12 +1297,67 @@ ffi::Error Sgru(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> xw, ffi::Buffer<ffi:
   j.yh = yh->typed_data();
   j.scratch = scratch.data();
   j.T = T; j.B = B; j.D = D; j.H = H;
+  j.gates = 3;
+  j.c0 = nullptr;
+  j.P = nullptr;
+  j.yc = nullptr;
+  j.input_forget = false;
   j.lbr = linear_before_reset != 0;
   j.reverse = reverse != 0;
   j.clip = clip;
   j.phases = j.lbr ? 1 : 2;
   j.jb = GRU_BLOCK_UNITS;
   double macs = 3.0 * (double)H * (double)H * (double)B;
+  gru_run(j, macs >= GRU_MIN_MACS ? usable(threads, pool) : 1, pool);
+  return ffi::Error::Success();
+}
+
+ffi::Error Slstm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> xw, ffi::Buffer<ffi::F32> wb,
+                 ffi::Buffer<ffi::F32> r0, ffi::Buffer<ffi::F32> r1, ffi::Buffer<ffi::F32> rb,
+                 ffi::Buffer<ffi::F32> p, ffi::Buffer<ffi::F32> h0, ffi::Buffer<ffi::F32> c0,
+                 ffi::Buffer<ffi::S32> lens, ffi::ResultBuffer<ffi::F32> y,
+                 ffi::ResultBuffer<ffi::F32> yh, ffi::ResultBuffer<ffi::F32> yc, int64_t threads,
+                 int64_t input_forget, int64_t reverse, float clip) {
+  auto rd = r0.dimensions(), yd = y->dimensions();
+  if (rd.size() != 2 || r1.dimensions().size() != 2 || yd.size() != 4)
+    return ffi::Error::InvalidArgument("oxla_slstm: operand ranks");
+  int64_t T = yd[0], D = yd[1], B = yd[2], H = rd[1];
+  if ((D != 1 && D != 2) || rd[0] != 4 * H || r1.dimensions()[0] != rd[0] ||
+      r1.dimensions()[1] != H || yd[3] != H || (int64_t)xw.element_count() != T * B * D * 4 * H)
+    return ffi::Error::InvalidArgument("oxla_slstm: operand shapes");
+  int64_t DBH = D * B * H, np_ = p.element_count();
+  if ((int64_t)rb.element_count() != D * 4 * H || (int64_t)wb.element_count() != D * 4 * H ||
+      (int64_t)h0.element_count() != DBH || (int64_t)c0.element_count() != DBH ||
+      (int64_t)yh->element_count() != DBH || (int64_t)yc->element_count() != DBH ||
+      (np_ != 0 && np_ != D * 3 * H))
+    return ffi::Error::InvalidArgument("oxla_slstm: bias, peephole or state shape");
+  int64_t nl = lens.element_count();
+  if (nl != 0 && nl != B) return ffi::Error::InvalidArgument("oxla_slstm: sequence_lens length");
+  if (T == 0 || B == 0 || H == 0) return ffi::Error::InvalidArgument("oxla_slstm: empty operand");
+  std::vector<float> scratch((size_t)(4 * DBH));
+  GruJob j;
+  j.xw = xw.typed_data();
+  j.wb = wb.typed_data();
+  j.R[0] = r0.typed_data();
+  j.R[1] = r1.typed_data();
+  j.rb = rb.typed_data();
+  j.h0 = h0.typed_data();
+  j.c0 = c0.typed_data();
+  j.P = np_ ? p.typed_data() : nullptr;
+  j.lens = nl ? lens.typed_data() : nullptr;
+  j.y = y->typed_data();
+  j.yh = yh->typed_data();
+  j.yc = yc->typed_data();
+  j.scratch = scratch.data();
+  j.T = T; j.B = B; j.D = D; j.H = H;
+  j.gates = 4;
+  j.lbr = false;
+  j.input_forget = input_forget != 0;
+  j.reverse = reverse != 0;
+  j.clip = clip;
+  j.phases = 1;
+  j.jb = GRU_BLOCK_UNITS;
+  double macs = 4.0 * (double)H * (double)H * (double)B;
   gru_run(j, macs >= GRU_MIN_MACS ? usable(threads, pool) : 1, pool);
   return ffi::Error::Success();
 }
@@ -1300,5 +1434,25 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(OxlaSgru, Sgru,
                                   .Ret<ffi::Buffer<ffi::F32>>()   // Y_h (D, B, H)
                                   .Attr<int64_t>("threads")
                                   .Attr<int64_t>("linear_before_reset")
+                                  .Attr<int64_t>("reverse")       // D = 1: backward in time
+                                  .Attr<float>("clip"));         // <= 0: none
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(OxlaSlstm, Slstm,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // X W^T (T B, D 4H)
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // W's bias (D, 4H)
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // R of direction 0 (4H, H)
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // R of direction 1, or 0's
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // Rb (D, 4H)
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // P (D, 3H) or (0,)
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // initial hidden state (D, B, H)
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // initial cell state (D, B, H)
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // sequence_lens (B,) or (0,)
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // Y (T, D, B, H)
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // Y_h (D, B, H)
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // Y_c (D, B, H)
+                                  .Attr<int64_t>("threads")
+                                  .Attr<int64_t>("input_forget")
                                   .Attr<int64_t>("reverse")       // D = 1: backward in time
                                   .Attr<float>("clip"));         // <= 0: none

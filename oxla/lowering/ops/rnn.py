@@ -216,45 +216,61 @@ def rnn(cx, X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_a
                   hidden_size=hidden_size, layout=layout, make_cell=make_cell)
 
 
-# The native GRU loop (oxla/native/kernels.cc, Sgru) against the scans, a bidirectional layer of
-# hidden 256 over 50 steps: at two threads batch 1 ~0.5x the time, 8-64 0.42-0.5x, 128-256 0.7x;
-# at one thread batch 1 1.15x (both stream R from L3 once a step), 8 0.66x, 32 0.75x
-# (docs/benchmarks.md, thirteenth round). So on one thread, batches only.
-NATIVE_GRU = True  # False: GRU layers stay XLA's scans (for measuring)
-DEFAULT_GRU = ("sigmoid", "tanh")
+# The native GRU/LSTM loops (oxla/native/kernels.cc, Sgru and Slstm) against the scans, a
+# bidirectional GRU of hidden 256 over 50 steps: at two threads batch 1 ~0.5-0.7x the time, 8-64
+# 0.42-0.5x, 128-256 0.7x; at one thread batch 1 1.15x (both stream R from L3 once a step), 8
+# 0.66x, 32 0.75x (docs/benchmarks.md, thirteenth round). So on one thread, batches only; and a
+# layer under NATIVE_MIN_MACS multiply-adds a step (the kernel then runs on one thread) too.
+NATIVE_MIN_MACS = 1e5
+# False: that op's layers stay XLA's scans (for measuring)
+NATIVE_RECURRENT = {"GRU": True, "LSTM": True}
+DEFAULT_ACTIVATIONS = {"GRU": ("sigmoid", "tanh"), "LSTM": ("sigmoid", "tanh", "tanh")}
 
 
-def _native_gru(cx, activations: Sequence[str] | None, clip: float | None,
-                linear_before_reset: int) -> Fused | None:
-    """The GRU's time loops as one oxla_sgru call, where the options ask for it and the layer is
-    one it runs (default activations, float32)."""
-    if cx.options.native_recurrent <= 0 or not NATIVE_GRU:
+def _native_loop(cx, kind: str, activations: Sequence[str] | None, clip: float | None,
+                 attr: int, P: Any = None) -> Fused | None:
+    """A GRU's or LSTM's time loops as one oxla_sgru / oxla_slstm call, where the options ask
+    for it and the layer is one the kernel runs (default activations, float32; on one thread,
+    batches only); `attr` is GRU's linear_before_reset or LSTM's input_forget."""
+    if cx.options.native_recurrent <= 0 or not NATIVE_RECURRENT.get(kind, False):
         return None
-    names = tuple(a.lower() for a in activations) if activations else DEFAULT_GRU
-    if names not in (DEFAULT_GRU, DEFAULT_GRU * 2) or (clip is not None and clip <= 0):
+    default = DEFAULT_ACTIVATIONS[kind]
+    names = tuple(a.lower() for a in activations) if activations else default
+    if names not in (default, default * 2) or (clip is not None and clip <= 0):
         return None
+    lstm = kind == "LSTM"
 
     def fused(xw, wb, R, rb, states: list, sequence_lens, reverse: list[bool]) -> tuple | None:
-        (h0,) = states
         T, batch, H = xw.shape[0], xw.shape[1], R.shape[-1]
-        if (min(T, batch, H) < 1 or (cx.options.native_recurrent == 1 and batch == 1)
-                or any(v.dtype != jnp.float32 for v in (xw, wb, R, rb, h0))
-                or not native.available()):
+        operands = [xw, wb, R, rb, *states] + ([] if P is None else [P])
+        gates = 4 if lstm else 3
+        # the kernel's own rule (kernels.cc, GRU_MIN_MACS): below it, one thread
+        alone = cx.options.native_recurrent == 1 or gates * H * H * batch < NATIVE_MIN_MACS
+        if (min(T, batch, H) < 1 or (alone and batch == 1)
+                or any(v.dtype != jnp.float32 for v in operands) or not native.available()):
             return None
         dirs = len(reverse)
+        if P is not None and tuple(P.shape) != (dirs, 3 * H):
+            return None  # the scans raise the node's error
         lens = (jnp.zeros((0,), jnp.int32) if sequence_lens is None
                 else jnp.reshape(sequence_lens, (-1,)).astype(jnp.int32))
-        out = (jax.ShapeDtypeStruct((T, dirs, batch, H), jnp.float32),
-               jax.ShapeDtypeStruct((dirs, batch, H), jnp.float32))
+        state = jax.ShapeDtypeStruct((dirs, batch, H), jnp.float32)
+        out = (jax.ShapeDtypeStruct((T, dirs, batch, H), jnp.float32), state) + ((state,) if lstm else ())
         # R per direction: XLA folds the slices of the per-direction parameters' Concat
         # (recurrent_weights_per_direction) away, so R is never copied.
-        y, yh = jax.ffi.ffi_call(native.GRU_TARGET, out)(
-            jnp.reshape(xw, (T * batch, -1)), wb, R[0], R[dirs - 1], rb, h0, lens,
-            threads=np.int64(cx.options.native_recurrent),
-            linear_before_reset=np.int64(1 if linear_before_reset else 0),
+        head = [jnp.reshape(xw, (T * batch, -1)), wb, R[0], R[dirs - 1], rb]
+        if lstm:
+            peep = jnp.zeros((0,), jnp.float32) if P is None else jnp.reshape(P, (-1,))
+            args = [*head, peep, *states, lens]
+            flag = {"input_forget": np.int64(1 if attr else 0)}
+        else:
+            args = [*head, *states, lens]
+            flag = {"linear_before_reset": np.int64(1 if attr else 0)}
+        y, *finals = jax.ffi.ffi_call(native.LSTM_TARGET if lstm else native.GRU_TARGET, out)(
+            *args, threads=np.int64(cx.options.native_recurrent), **flag,
             reverse=np.int64(1 if reverse == [True] else 0),
             clip=np.float32(0.0 if clip is None else clip))
-        return y, [yh]
+        return y, finals
     return fused
 
 
@@ -290,7 +306,7 @@ def gru(cx, X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_a
 
     return _layer(cx, X, W, R, B, sequence_lens, [initial_h], gates=3, direction=direction,
                   hidden_size=hidden_size, layout=layout, make_cell=make_cell,
-                  fused=_native_gru(cx, activations, clip, linear_before_reset))
+                  fused=_native_loop(cx, "GRU", activations, clip, linear_before_reset))
 
 
 @rule("LSTM", since=7)
@@ -334,6 +350,9 @@ def lstm_layer(cx, X, W, R, B, sequence_lens, initial_h, initial_c, P, *, activa
             return o * h_act(c_new), c_new
         return cell
 
+    fused = None
+    if recur is None and project is None:
+        fused = _native_loop(cx, "LSTM", activations, clip, input_forget, P)
     return _layer(cx, X, W, R, B, sequence_lens, [initial_h, initial_c], gates=4,
                   direction=direction, hidden_size=hidden_size, layout=layout,
-                  make_cell=make_cell, project=project)
+                  make_cell=make_cell, project=project, fused=fused)
