@@ -1168,6 +1168,10 @@ GruTeam* gru_team() {
 
 constexpr uint64_t GRU_END = (1u << 24) - 1;  // the stage after the last
 constexpr int GRU_MAX_PARTS = 16;
+// Multiply-adds a thread's part of a step has at least: below, a second thread costs more (its
+// claim, the caller's wait) than it saves (hidden 128 at batch 1, 49-65 K a step: 1.2-1.5x slower
+// on two threads than on one).
+constexpr double GRU_PART_MACS = 5e4;
 inline uint64_t gru_claim(uint64_t g, uint64_t s, uint64_t taken) {
   return g << 40 | s << 16 | taken;
 }
@@ -1224,7 +1228,9 @@ void gru_part_helper(GruTeam* t, uint64_t g, const GruJob* job, int k, int parts
 
 void gru_run(const GruJob& j, int threads, ffi::ThreadPool& pool) {
   int64_t stages = j.D * j.T * j.phases;
-  int parts = std::min<int>(std::min(threads, GRU_MAX_PARTS), (int)((j.H + L - 1) / L));
+  double macs = (double)(j.gates * j.H) * (double)(j.H * j.B);  // a step's
+  int64_t most = std::min<int64_t>((j.H + L - 1) / L, (int64_t)(macs / GRU_PART_MACS));
+  int parts = (int)std::max<int64_t>(1, std::min<int64_t>(std::min(threads, GRU_MAX_PARTS), most));
   GruTeam* t = gru_team();
   std::unique_lock<std::mutex> lock(t->busy, std::defer_lock);
   if (parts < 2 || stages >= (int64_t)GRU_END || !lock.try_lock()) {
@@ -1263,8 +1269,6 @@ void gru_run(const GruJob& j, int threads, ffi::ThreadPool& pool) {
 
 // Hidden units per block: the dots of a block's rows are kept (B, 3, jb) for its gates.
 constexpr int64_t GRU_BLOCK_UNITS = 32;
-// Below this many multiply-adds per step a second thread costs more than it saves.
-constexpr double GRU_MIN_MACS = 1e5;
 
 ffi::Error Sgru(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> xw, ffi::Buffer<ffi::F32> wb,
                 ffi::Buffer<ffi::F32> r0,
@@ -1307,8 +1311,7 @@ ffi::Error Sgru(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> xw, ffi::Buffer<ffi:
   j.clip = clip;
   j.phases = j.lbr ? 1 : 2;
   j.jb = GRU_BLOCK_UNITS;
-  double macs = 3.0 * (double)H * (double)H * (double)B;
-  gru_run(j, macs >= GRU_MIN_MACS ? usable(threads, pool) : 1, pool);
+  gru_run(j, usable(threads, pool), pool);
   return ffi::Error::Success();
 }
 
@@ -1357,8 +1360,7 @@ ffi::Error Slstm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> xw, ffi::Buffer<ffi
   j.clip = clip;
   j.phases = 1;
   j.jb = GRU_BLOCK_UNITS;
-  double macs = 4.0 * (double)H * (double)H * (double)B;
-  gru_run(j, macs >= GRU_MIN_MACS ? usable(threads, pool) : 1, pool);
+  gru_run(j, usable(threads, pool), pool);
   return ffi::Error::Success();
 }
 

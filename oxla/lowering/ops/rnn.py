@@ -244,7 +244,7 @@ def _native_loop(cx, kind: str, activations: Sequence[str] | None, clip: float |
         T, batch, H = xw.shape[0], xw.shape[1], R.shape[-1]
         operands = [xw, wb, R, rb, *states] + ([] if P is None else [P])
         gates = 4 if lstm else 3
-        # the kernel's own rule (kernels.cc, GRU_MIN_MACS): below it, one thread
+        # the kernel's own rule (kernels.cc, GRU_PART_MACS): under two parts' worth, one thread
         alone = cx.options.native_recurrent == 1 or gates * H * H * batch < NATIVE_MIN_MACS
         if (min(T, batch, H) < 1 or (alone and batch == 1)
                 or any(v.dtype != jnp.float32 for v in operands) or not native.available()):
