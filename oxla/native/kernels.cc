@@ -1,4 +1,7 @@
-// oxla's float32 GEMM for XLA:CPU, reached through an XLA FFI custom call ("oxla_sgemm").
+// oxla's float32 GEMM for XLA:CPU, reached through an XLA FFI custom call ("oxla_sgemm"); below
+// it, on the same vector layer and threads, a convolution ("oxla_sconv"), a depthwise
+// convolution ("oxla_sdwconv") and the time loops of GRU and LSTM layers ("oxla_sgru",
+// "oxla_slstm").
 //
 // Y[..., N] = act(X[..., K] * W[K, N] + bias[N] (+ R[..., N])), W packed once at plan time into
 // panels of 32 columns, (ceil(N / 32), K, 32), zero padded (`pack` in oxla/native/__init__.py);
@@ -109,8 +112,8 @@ struct Epilogue {
   float lo, hi;           // Clip's bounds
 };
 
-// x * sigmoid(x), sigmoid as MLAS's rational polynomial (oxla's Sigmoid: elementwise.py)
-inline V silu(V v) {
+// sigmoid as MLAS's rational polynomial (oxla's Sigmoid: elementwise.py; onnxruntime's GRU/LSTM)
+inline V logistic(V v) {
   V x = v_min(v_max(v, v_set(-18.0f)), v_set(18.0f));
   V x2 = v_mul(x, x);
   V p = v_set(4.37031012579801e-11f);
@@ -125,9 +128,11 @@ inline V silu(V v) {
   q = v_fma(q, x2, v_set(1.16817656904453e-01f));
   q = v_fma(q, x2, v_set(9.93151921023180e-01f));
   V s = v_add(v_div(v_mul(p, x), q), v_set(0.5f));
-  s = v_min(v_max(s, v_zero()), v_set(1.0f));
-  return v_mul(v, s);
+  return v_min(v_max(s, v_zero()), v_set(1.0f));
 }
+
+// x * sigmoid(x)
+inline V silu(V v) { return v_mul(v, logistic(v)); }
 
 // A tile's rows: acc + bias, stored under the column masks (all lanes when !MASK).
 template <int R, int NV, bool MASK>
@@ -839,14 +844,15 @@ ffi::Error Sdwconv(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
 // c is Clip(-clip, clip) when clip > 0; a step at or past a sequence's length keeps H and outputs
 // zeros; a sequence of length 0 ends in zeros. XW (T, B, D, 3H) are the input projections X W^T
 // (one dot over every step, before the call), W's bias added here. sig and tanh are MLAS's
-// rational polynomials (onnxruntime's GRU uses them; sig is the one silu uses above).
+// rational polynomials (onnxruntime's GRU uses them; logistic is also silu's, above).
 //
 // Why oxla owns this loop (docs/benchmarks.md, thirteenth round): a step is a matrix-vector
 // product that reads all of R (3H x H; 786 KB at H = 256, over a Zen 3 core's 512 KB L2), and
 // XLA:CPU runs its time loop on one core. Here every step's hidden units are split between the
 // caller and the intra-op pool's threads (gru_run), each always the same units (rows j, H + j,
-// 2H + j of R), so that each core reads its share of R from its own L2. On one core this loop
-// is no faster than XLA's (both stream R from L3), so oxla uses it on several.
+// 2H + j of R), so that each core reads its share of R from its own L2. On one core it is no
+// faster than XLA's at batch 1 (both stream R from L3); its register blocks of four rows by two
+// sequences win for batches, so there oxla uses it for batches only.
 
 struct GruJob {
   const float* xw;
@@ -882,23 +888,6 @@ inline float v_hsum(V v) {
 #endif
 }
 
-inline V logistic(V v) {
-  V x = v_min(v_max(v, v_set(-18.0f)), v_set(18.0f));
-  V x2 = v_mul(x, x);
-  V p = v_set(4.37031012579801e-11f);
-  p = v_fma(p, x2, v_set(1.15627324459942e-07f));
-  p = v_fma(p, x2, v_set(6.08574864600143e-05f));
-  p = v_fma(p, x2, v_set(8.51377133304701e-03f));
-  p = v_fma(p, x2, v_set(2.48287947061529e-01f));
-  V q = v_set(6.10247389755681e-13f);
-  q = v_fma(q, x2, v_set(5.76102136993427e-09f));
-  q = v_fma(q, x2, v_set(6.29106785017040e-06f));
-  q = v_fma(q, x2, v_set(1.70198817374094e-03f));
-  q = v_fma(q, x2, v_set(1.16817656904453e-01f));
-  q = v_fma(q, x2, v_set(9.93151921023180e-01f));
-  V s = v_add(v_div(v_mul(p, x), q), v_set(0.5f));
-  return v_min(v_max(s, v_zero()), v_set(1.0f));
-}
 
 inline V tanh_v(V v) {  // MLAS's MlasTanhKernel
   V x = v_min(v_max(v, v_set(-9.0f)), v_set(9.0f));

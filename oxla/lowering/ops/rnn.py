@@ -250,7 +250,8 @@ def _native_loop(cx, kind: str, activations: Sequence[str] | None, clip: float |
                 or any(v.dtype != jnp.float32 for v in operands) or not native.available()):
             return None
         dirs = len(reverse)
-        if P is not None and tuple(P.shape) != (dirs, 3 * H):
+        if ((P is not None and tuple(P.shape) != (dirs, 3 * H))
+                or (sequence_lens is not None and sequence_lens.size != batch)):
             return None  # the scans raise the node's error
         lens = (jnp.zeros((0,), jnp.int32) if sequence_lens is None
                 else jnp.reshape(sequence_lens, (-1,)).astype(jnp.int32))
