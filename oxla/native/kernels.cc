@@ -25,6 +25,7 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -112,22 +113,25 @@ struct Epilogue {
   float lo, hi;           // Clip's bounds
 };
 
+// x p(x^2) / q(x^2), p and q by Horner's rule from their highest coefficient (MLAS's form of
+// its logistic and tanh approximations).
+template <size_t NP, size_t NQ>
+inline V odd_rational(V x, const float (&p)[NP], const float (&q)[NQ]) {
+  V x2 = v_mul(x, x);
+  V a = v_set(p[0]), b = v_set(q[0]);
+  for (size_t i = 1; i < NP; ++i) a = v_fma(a, x2, v_set(p[i]));
+  for (size_t i = 1; i < NQ; ++i) b = v_fma(b, x2, v_set(q[i]));
+  return v_div(v_mul(a, x), b);
+}
+
 // sigmoid as MLAS's rational polynomial (oxla's Sigmoid: elementwise.py; onnxruntime's GRU/LSTM)
 inline V logistic(V v) {
+  constexpr float P[] = {4.37031012579801e-11f, 1.15627324459942e-07f, 6.08574864600143e-05f,
+                         8.51377133304701e-03f, 2.48287947061529e-01f};
+  constexpr float Q[] = {6.10247389755681e-13f, 5.76102136993427e-09f, 6.29106785017040e-06f,
+                         1.70198817374094e-03f, 1.16817656904453e-01f, 9.93151921023180e-01f};
   V x = v_min(v_max(v, v_set(-18.0f)), v_set(18.0f));
-  V x2 = v_mul(x, x);
-  V p = v_set(4.37031012579801e-11f);
-  p = v_fma(p, x2, v_set(1.15627324459942e-07f));
-  p = v_fma(p, x2, v_set(6.08574864600143e-05f));
-  p = v_fma(p, x2, v_set(8.51377133304701e-03f));
-  p = v_fma(p, x2, v_set(2.48287947061529e-01f));
-  V q = v_set(6.10247389755681e-13f);
-  q = v_fma(q, x2, v_set(5.76102136993427e-09f));
-  q = v_fma(q, x2, v_set(6.29106785017040e-06f));
-  q = v_fma(q, x2, v_set(1.70198817374094e-03f));
-  q = v_fma(q, x2, v_set(1.16817656904453e-01f));
-  q = v_fma(q, x2, v_set(9.93151921023180e-01f));
-  V s = v_add(v_div(v_mul(p, x), q), v_set(0.5f));
+  V s = v_add(odd_rational(x, P, Q), v_set(0.5f));
   return v_min(v_max(s, v_zero()), v_set(1.0f));
 }
 
@@ -890,20 +894,12 @@ inline float v_hsum(V v) {
 
 
 inline V tanh_v(V v) {  // MLAS's MlasTanhKernel
-  V x = v_min(v_max(v, v_set(-9.0f)), v_set(9.0f));
-  V x2 = v_mul(x, x);
-  V p = v_set(-2.76076847742355e-16f);
-  p = v_fma(p, x2, v_set(2.00018790482477e-13f));
-  p = v_fma(p, x2, v_set(-8.60467152213735e-11f));
-  p = v_fma(p, x2, v_set(5.12229709037114e-08f));
-  p = v_fma(p, x2, v_set(1.48572235717979e-05f));
-  p = v_fma(p, x2, v_set(6.37261928875436e-04f));
-  p = v_fma(p, x2, v_set(4.89352455891786e-03f));
-  V q = v_set(1.19825839466702e-06f);
-  q = v_fma(q, x2, v_set(1.18534705686654e-04f));
-  q = v_fma(q, x2, v_set(2.26843463243900e-03f));
-  q = v_fma(q, x2, v_set(4.89352518554385e-03f));
-  return v_div(v_mul(p, x), q);
+  constexpr float P[] = {-2.76076847742355e-16f, 2.00018790482477e-13f, -8.60467152213735e-11f,
+                         5.12229709037114e-08f, 1.48572235717979e-05f, 6.37261928875436e-04f,
+                         4.89352455891786e-03f};
+  constexpr float Q[] = {1.19825839466702e-06f, 1.18534705686654e-04f, 2.26843463243900e-03f,
+                         4.89352518554385e-03f};
+  return odd_rational(v_min(v_max(v, v_set(-9.0f)), v_set(9.0f)), P, Q);
 }
 
 // Rows r[0..3] (H apart) times h rows x0, x1 (two sequences): out0[0..3], out1[0..3].
@@ -990,43 +986,71 @@ inline V gru_clip(V v, float clip) {
 }
 
 // Stage s over hidden units [j0, j0 + n) (n <= jb) of every sequence.
-void gru_block(const GruJob& j, int64_t s, int64_t j0, int64_t n) {
-  int64_t d = s / (j.T * j.phases), i = (s / j.phases) % j.T, p = s % j.phases;
-  bool backward = j.D == 2 ? d == 1 : j.reverse;
-  int64_t t = backward ? j.T - 1 - i : i;
-  int64_t H = j.H, B = j.B, G = 3 * H;
-  float* state = j.scratch + d * 4 * B * H;
-  float *zbuf = state + 2 * B * H, *rh = state + 3 * B * H;
-  const float* cur = state + (i % 2) * B * H;
-  float* next = state + ((i + 1) % 2) * B * H;
-  const float* R = j.R[d];
-  const float* rb = j.rb + d * G;
-  const float* wb = j.wb + d * G;
+// What stage s of a job reads and writes: its direction d, step i (of T), phase p (GRU without
+// linear_before_reset: 2 a step), time t, and the direction's scratch (4, B, H); the dots of a
+// block's rows go to acc (B, gates, jb), a thread's own buffer.
+struct GruStage {
+  int64_t d, i, p, t;
+  float* state;
+  const float* cur;  // the state before the step
+  float* next;       // after it
+  const float *R, *rb, *wb;
+  float* acc;
+  int64_t lda;
+};
+
+GruStage gru_stage(const GruJob& j, int64_t s) {
+  GruStage g;
+  g.d = s / (j.T * j.phases);
+  g.i = (s / j.phases) % j.T;
+  g.p = s % j.phases;
+  bool backward = j.D == 2 ? g.d == 1 : j.reverse;
+  g.t = backward ? j.T - 1 - g.i : g.i;
+  int64_t BH = j.B * j.H, G = j.gates * j.H;
+  g.state = j.scratch + g.d * 4 * BH;
+  g.cur = g.state + (g.i % 2) * BH;
+  g.next = g.state + ((g.i + 1) % 2) * BH;
+  g.R = j.R[g.d];
+  g.rb = j.rb + g.d * G;
+  g.wb = j.wb + g.d * G;
   thread_local std::vector<float> acc;
-  acc.resize((size_t)(B * 3 * j.jb));
-  int64_t lda = 3 * j.jb;  // acc (B, 3, jb)
+  acc.resize((size_t)(j.B * j.gates * j.jb));
+  g.acc = acc.data();
+  g.lda = j.gates * j.jb;
+  return g;
+}
+
+// Sequence b at or past its end: units [j0, j0 + n) keep their state and output zero.
+inline void gru_keep(const GruJob& j, const GruStage& g, int64_t b, int64_t j0, int64_t n) {
+  float* yt = j.y + ((g.t * j.D + g.d) * j.B + b) * j.H;
+  for (int64_t c = 0; c < n; ++c) {
+    g.next[b * j.H + j0 + c] = g.cur[b * j.H + j0 + c];
+    yt[j0 + c] = 0.0f;
+  }
+}
+
+void gru_block(const GruJob& j, int64_t s, int64_t j0, int64_t n) {
+  GruStage st = gru_stage(j, s);
+  int64_t d = st.d, p = st.p, t = st.t, H = j.H, B = j.B, G = 3 * H, lda = st.lda;
+  float *zbuf = st.state + 2 * B * H, *rh = st.state + 3 * B * H;
+  const float *cur = st.cur, *R = st.R, *rb = st.rb, *wb = st.wb;
+  float *next = st.next, *acc = st.acc;
   bool last = p == j.phases - 1;
   if (p == 0) {
-    gru_dots(R + j0 * H, H, n, cur, B, acc.data(), lda);
-    gru_dots(R + (H + j0) * H, H, n, cur, B, acc.data() + j.jb, lda);
-    if (j.lbr) gru_dots(R + (2 * H + j0) * H, H, n, cur, B, acc.data() + 2 * j.jb, lda);
+    gru_dots(R + j0 * H, H, n, cur, B, acc, lda);
+    gru_dots(R + (H + j0) * H, H, n, cur, B, acc + j.jb, lda);
+    if (j.lbr) gru_dots(R + (2 * H + j0) * H, H, n, cur, B, acc + 2 * j.jb, lda);
   } else {
-    gru_dots(R + (2 * H + j0) * H, H, n, rh, B, acc.data() + 2 * j.jb, lda);
+    gru_dots(R + (2 * H + j0) * H, H, n, rh, B, acc + 2 * j.jb, lda);
   }
   for (int64_t b = 0; b < B; ++b) {
-    bool masked = j.lens && t >= j.lens[b];
-    float* yt = j.y + ((t * j.D + d) * B + b) * H;
-    if (masked) {
-      if (last) {
-        for (int64_t c = 0; c < n; ++c) {
-          next[b * H + j0 + c] = cur[b * H + j0 + c];
-          yt[j0 + c] = 0.0f;
-        }
-      }
+    if (j.lens && t >= j.lens[b]) {
+      if (last) gru_keep(j, st, b, j0, n);
       continue;
     }
+    float* yt = j.y + ((t * j.D + d) * B + b) * H;
     const float* xw = j.xw + ((t * B + b) * j.D + d) * G;
-    const float* a = acc.data() + b * lda;
+    const float* a = acc + b * lda;
     for (int64_t c = 0; c < n; c += L) {
       int64_t m = n - c, u = j0 + c;
       V h = v_load_n(cur + b * H + u, m);
@@ -1067,34 +1091,22 @@ void gru_block(const GruJob& j, int64_t s, int64_t j0, int64_t n) {
 // Z = XW + Wb + H R^T + Rb with gates ordered i, o, f, c (ONNX's LSTM and oxla's rule, rnn.py).
 // The cell state of a unit is only ever read and written by the thread that runs the unit.
 void lstm_block(const GruJob& j, int64_t s, int64_t j0, int64_t n) {
-  int64_t d = s / j.T, i = s % j.T;
-  bool backward = j.D == 2 ? d == 1 : j.reverse;
-  int64_t t = backward ? j.T - 1 - i : i;
-  int64_t H = j.H, B = j.B, G = 4 * H;
-  float* state = j.scratch + d * 4 * B * H;
-  const float* cur = state + (i % 2) * B * H;
-  float* next = state + ((i + 1) % 2) * B * H;
-  float* cell = state + 2 * B * H;
-  const float* R = j.R[d];
-  const float* rb = j.rb + d * G;
-  const float* wb = j.wb + d * G;
+  GruStage st = gru_stage(j, s);
+  int64_t d = st.d, t = st.t, H = j.H, B = j.B, G = 4 * H, lda = st.lda;
+  float* cell = st.state + 2 * B * H;
+  const float *cur = st.cur, *R = st.R, *rb = st.rb, *wb = st.wb;
+  float *next = st.next, *acc = st.acc;
   const float* P = j.P ? j.P + d * 3 * H : nullptr;
-  thread_local std::vector<float> acc;
-  acc.resize((size_t)(B * 4 * j.jb));
-  int64_t lda = 4 * j.jb;  // acc (B, 4, jb)
   for (int64_t g = 0; g < 4; ++g)
-    gru_dots(R + (g * H + j0) * H, H, n, cur, B, acc.data() + g * j.jb, lda);
+    gru_dots(R + (g * H + j0) * H, H, n, cur, B, acc + g * j.jb, lda);
   for (int64_t b = 0; b < B; ++b) {
-    float* yt = j.y + ((t * j.D + d) * B + b) * H;
-    if (j.lens && t >= j.lens[b]) {  // past the sequence: state kept, output zero
-      for (int64_t c = 0; c < n; ++c) {
-        next[b * H + j0 + c] = cur[b * H + j0 + c];
-        yt[j0 + c] = 0.0f;
-      }
+    if (j.lens && t >= j.lens[b]) {
+      gru_keep(j, st, b, j0, n);
       continue;
     }
+    float* yt = j.y + ((t * j.D + d) * B + b) * H;
     const float* xw = j.xw + ((t * B + b) * j.D + d) * G;
-    const float* a = acc.data() + b * lda;
+    const float* a = acc + b * lda;
     for (int64_t c = 0; c < n; c += L) {
       int64_t m = n - c, u = j0 + c;
       V z[4];
@@ -1259,26 +1271,31 @@ void gru_run(const GruJob& j, int threads, ffi::ThreadPool& pool) {
 // Hidden units per block: the dots of a block's rows are kept (B, 3, jb) for its gates.
 constexpr int64_t GRU_BLOCK_UNITS = 32;
 
-ffi::Error Sgru(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> xw, ffi::Buffer<ffi::F32> wb,
-                ffi::Buffer<ffi::F32> r0,
-                ffi::Buffer<ffi::F32> r1, ffi::Buffer<ffi::F32> rb, ffi::Buffer<ffi::F32> h0, ffi::Buffer<ffi::S32> lens,
-                ffi::ResultBuffer<ffi::F32> y, ffi::ResultBuffer<ffi::F32> yh, int64_t threads,
-                int64_t linear_before_reset, int64_t reverse, float clip) {
+// The operands both loops take, checked and set in j (whose gates, phases and op-specific fields
+// the caller set), then the loop on `threads`; `more(D, B, H)` checks the op's own operands.
+template <typename More>
+ffi::Error recurrent_call(const std::string& what, GruJob& j, ffi::Buffer<ffi::F32>& xw,
+                          ffi::Buffer<ffi::F32>& wb, ffi::Buffer<ffi::F32>& r0,
+                          ffi::Buffer<ffi::F32>& r1, ffi::Buffer<ffi::F32>& rb,
+                          ffi::Buffer<ffi::F32>& h0, ffi::Buffer<ffi::S32>& lens,
+                          ffi::ResultBuffer<ffi::F32>& y, ffi::ResultBuffer<ffi::F32>& yh,
+                          int64_t reverse, float clip, int threads, ffi::ThreadPool& pool,
+                          More more) {
   auto rd = r0.dimensions(), yd = y->dimensions();
   if (rd.size() != 2 || r1.dimensions().size() != 2 || yd.size() != 4)
-    return ffi::Error::InvalidArgument("oxla_sgru: operand ranks");
-  int64_t T = yd[0], D = yd[1], B = yd[2], H = rd[1];
-  if ((D != 1 && D != 2) || rd[0] != 3 * H || r1.dimensions()[0] != rd[0] ||
-      r1.dimensions()[1] != H || yd[3] != H || (int64_t)xw.element_count() != T * B * D * 3 * H)
-    return ffi::Error::InvalidArgument("oxla_sgru: operand shapes");
-  if ((int64_t)rb.element_count() != D * 3 * H || (int64_t)wb.element_count() != D * 3 * H || (int64_t)h0.element_count() != D * B * H ||
-      (int64_t)yh->element_count() != D * B * H)
-    return ffi::Error::InvalidArgument("oxla_sgru: bias or state shape");
+    return ffi::Error::InvalidArgument(what + ": operand ranks");
+  int64_t T = yd[0], D = yd[1], B = yd[2], H = rd[1], G = j.gates * H;
+  if ((D != 1 && D != 2) || rd[0] != G || r1.dimensions()[0] != G || r1.dimensions()[1] != H ||
+      yd[3] != H || (int64_t)xw.element_count() != T * B * D * G)
+    return ffi::Error::InvalidArgument(what + ": operand shapes");
+  if ((int64_t)rb.element_count() != D * G || (int64_t)wb.element_count() != D * G ||
+      (int64_t)h0.element_count() != D * B * H || (int64_t)yh->element_count() != D * B * H ||
+      !more(D, B, H))
+    return ffi::Error::InvalidArgument(what + ": bias, peephole or state shape");
   int64_t nl = lens.element_count();
-  if (nl != 0 && nl != B) return ffi::Error::InvalidArgument("oxla_sgru: sequence_lens length");
-  if (T == 0 || B == 0 || H == 0) return ffi::Error::InvalidArgument("oxla_sgru: empty operand");
+  if (nl != 0 && nl != B) return ffi::Error::InvalidArgument(what + ": sequence_lens length");
+  if (T == 0 || B == 0 || H == 0) return ffi::Error::InvalidArgument(what + ": empty operand");
   std::vector<float> scratch((size_t)(4 * D * B * H));
-  GruJob j;
   j.xw = xw.typed_data();
   j.wb = wb.typed_data();
   j.R[0] = r0.typed_data();
@@ -1290,18 +1307,24 @@ ffi::Error Sgru(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> xw, ffi::Buffer<ffi:
   j.yh = yh->typed_data();
   j.scratch = scratch.data();
   j.T = T; j.B = B; j.D = D; j.H = H;
-  j.gates = 3;
-  j.c0 = nullptr;
-  j.P = nullptr;
-  j.yc = nullptr;
-  j.input_forget = false;
-  j.lbr = linear_before_reset != 0;
   j.reverse = reverse != 0;
   j.clip = clip;
-  j.phases = j.lbr ? 1 : 2;
   j.jb = GRU_BLOCK_UNITS;
-  gru_run(j, usable(threads, pool), pool);
+  gru_run(j, threads, pool);
   return ffi::Error::Success();
+}
+
+ffi::Error Sgru(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> xw, ffi::Buffer<ffi::F32> wb,
+                ffi::Buffer<ffi::F32> r0, ffi::Buffer<ffi::F32> r1, ffi::Buffer<ffi::F32> rb,
+                ffi::Buffer<ffi::F32> h0, ffi::Buffer<ffi::S32> lens,
+                ffi::ResultBuffer<ffi::F32> y, ffi::ResultBuffer<ffi::F32> yh, int64_t threads,
+                int64_t linear_before_reset, int64_t reverse, float clip) {
+  GruJob j{};
+  j.gates = 3;
+  j.lbr = linear_before_reset != 0;
+  j.phases = j.lbr ? 1 : 2;
+  return recurrent_call("oxla_sgru", j, xw, wb, r0, r1, rb, h0, lens, y, yh, reverse, clip,
+                        usable(threads, pool), pool, [](int64_t, int64_t, int64_t) { return true; });
 }
 
 ffi::Error Slstm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> xw, ffi::Buffer<ffi::F32> wb,
@@ -1310,47 +1333,20 @@ ffi::Error Slstm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> xw, ffi::Buffer<ffi
                  ffi::Buffer<ffi::S32> lens, ffi::ResultBuffer<ffi::F32> y,
                  ffi::ResultBuffer<ffi::F32> yh, ffi::ResultBuffer<ffi::F32> yc, int64_t threads,
                  int64_t input_forget, int64_t reverse, float clip) {
-  auto rd = r0.dimensions(), yd = y->dimensions();
-  if (rd.size() != 2 || r1.dimensions().size() != 2 || yd.size() != 4)
-    return ffi::Error::InvalidArgument("oxla_slstm: operand ranks");
-  int64_t T = yd[0], D = yd[1], B = yd[2], H = rd[1];
-  if ((D != 1 && D != 2) || rd[0] != 4 * H || r1.dimensions()[0] != rd[0] ||
-      r1.dimensions()[1] != H || yd[3] != H || (int64_t)xw.element_count() != T * B * D * 4 * H)
-    return ffi::Error::InvalidArgument("oxla_slstm: operand shapes");
-  int64_t DBH = D * B * H, np_ = p.element_count();
-  if ((int64_t)rb.element_count() != D * 4 * H || (int64_t)wb.element_count() != D * 4 * H ||
-      (int64_t)h0.element_count() != DBH || (int64_t)c0.element_count() != DBH ||
-      (int64_t)yh->element_count() != DBH || (int64_t)yc->element_count() != DBH ||
-      (np_ != 0 && np_ != D * 3 * H))
-    return ffi::Error::InvalidArgument("oxla_slstm: bias, peephole or state shape");
-  int64_t nl = lens.element_count();
-  if (nl != 0 && nl != B) return ffi::Error::InvalidArgument("oxla_slstm: sequence_lens length");
-  if (T == 0 || B == 0 || H == 0) return ffi::Error::InvalidArgument("oxla_slstm: empty operand");
-  std::vector<float> scratch((size_t)(4 * DBH));
-  GruJob j;
-  j.xw = xw.typed_data();
-  j.wb = wb.typed_data();
-  j.R[0] = r0.typed_data();
-  j.R[1] = r1.typed_data();
-  j.rb = rb.typed_data();
-  j.h0 = h0.typed_data();
-  j.c0 = c0.typed_data();
-  j.P = np_ ? p.typed_data() : nullptr;
-  j.lens = nl ? lens.typed_data() : nullptr;
-  j.y = y->typed_data();
-  j.yh = yh->typed_data();
-  j.yc = yc->typed_data();
-  j.scratch = scratch.data();
-  j.T = T; j.B = B; j.D = D; j.H = H;
+  GruJob j{};
   j.gates = 4;
-  j.lbr = false;
-  j.input_forget = input_forget != 0;
-  j.reverse = reverse != 0;
-  j.clip = clip;
   j.phases = 1;
-  j.jb = GRU_BLOCK_UNITS;
-  gru_run(j, usable(threads, pool), pool);
-  return ffi::Error::Success();
+  j.input_forget = input_forget != 0;
+  int64_t np = p.element_count();
+  j.c0 = c0.typed_data();
+  j.P = np ? p.typed_data() : nullptr;
+  j.yc = yc->typed_data();
+  auto more = [&](int64_t D, int64_t B, int64_t H) {
+    return (int64_t)c0.element_count() == D * B * H && (int64_t)yc->element_count() == D * B * H &&
+           (np == 0 || np == D * 3 * H);
+  };
+  return recurrent_call("oxla_slstm", j, xw, wb, r0, r1, rb, h0, lens, y, yh, reverse, clip,
+                        usable(threads, pool), pool, more);
 }
 
 }  // namespace
