@@ -207,3 +207,15 @@ def test_one_core_sessions_use_it_for_batches_only(batch: int, ffi_calls: list[s
     ffi_calls.clear()
     oxla.InferenceSession(data).run(None, feeds)
     assert (native.GRU_TARGET in ffi_calls) == (cpu_client.cores() > 1 or batch > 1)
+
+
+@needs_kernel
+@pytest.mark.parametrize("lstm", [False, True])
+def test_sequence_lengths_out_of_range_match_the_scans(lstm: bool) -> None:
+    # past T: the whole sequence; negative or zero: none of it (zero outputs and final states)
+    model, feeds = _gru(6, 4, 5, 256, lens=True, lstm=lstm)
+    feeds["lens"] = np.array([11, -3, 0, 2], np.int32)
+    got = _run(model, feeds, 2)
+    for g, s in zip(got, _run(model, feeds, 0)):
+        np.testing.assert_allclose(g, s, rtol=1e-5, atol=2e-5)
+    assert not got[0][:, :, 1:3].any() and all(not g[:, 1:3].any() for g in got[1:])
