@@ -26,6 +26,8 @@ from oxla.lowering.context import Options
 from oxla.lowering.values import to_host
 from oxla.training.checkpoint import atomic_write
 
+NATIVE_MATMUL_ONE_CORE = True  # False: one-core sessions keep XLA's dots (for measuring)
+
 _ORT_TYPE_NAMES = {
     "float32": "float", "float64": "double", "object": "string", "bool": "bool",
 }
@@ -133,9 +135,11 @@ class InferenceSession:
         # oxla's GEMM kernel gains from the pool's threads only: on one core XLA's dot is as fast
         usable = (threads if threads > 0 else cores()) if device.platform == "cpu" else 0
         native = usable if usable > 1 else 0
-        # the GRU loop also runs on one core (for batches: rnn.py's _native_gru)
+        # the GRU/LSTM loops also run on one core (for batches: rnn.py's _native_loop), and on
+        # one core MatMuls by constant matrices go to the GEMM kernel (matmuls_to_native)
         options = Options(bake_weights=bake_weights, layout_weights=True, memory_limit=memory_limit,
-                          native_threads=native, native_recurrent=usable)
+                          native_threads=native, native_recurrent=usable,
+                          native_matmul=NATIVE_MATMUL_ONE_CORE and usable == 1)
         with self._on_device():
             model = ModelProto()
             model.CopyFrom(self._model)

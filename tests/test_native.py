@@ -743,3 +743,45 @@ def test_depthwise_pass_only_where_it_wins(monkeypatch):
     monkeypatch.setattr(native_gemm, "DEPTHWISE_ISAS", frozenset())
     planned = _planned(_dw_net())
     assert not [n for n in planned.graph.node if n.op_type.startswith("Depthwise")]
+
+
+def _matmul_net(k: int, n: int, identity: bool = True) -> onnx.ModelProto:
+    """x (64, k) @ W (k, n) + b, Relu; W read through an Identity as torch exports it."""
+    w = numpy_helper.from_array((RNG.standard_normal((k, n)) * 0.05).astype(np.float32), "W")
+    b = numpy_helper.from_array(RNG.standard_normal(n).astype(np.float32), "b")
+    nodes = ([helper.make_node("Identity", ["W"], ["W_i"])] if identity else []) + [
+        helper.make_node("MatMul", ["x", "W_i" if identity else "W"], ["m"]),
+        helper.make_node("Add", ["b", "m"], ["a"]), helper.make_node("Relu", ["a"], ["y"])]
+    return _model(nodes, (2, 64, k), {"y": (2, 64, n)}, [w, b])
+
+
+@needs_kernel
+@pytest.mark.parametrize("identity", [True, False])
+def test_one_core_sessions_run_large_matmuls_on_the_kernel(identity: bool) -> None:
+    model = _matmul_net(768, 1024, identity)
+    one = ort.SessionOptions()
+    one.intra_op_num_threads = 1
+    session = oxla.InferenceSession(model.SerializeToString(), one)
+    assert [n.op_type for n in session.compiled.plan.nodes if n.domain == native_rule.DOMAIN] \
+        == ["GemmRelu"]
+    # the Identity and W go (W is only read packed now)
+    assert [n.op_type for n in session.compiled.plan.nodes] == ["GemmRelu"]
+    assert "W" not in {t.name for t in session.compiled.model.graph.initializer}
+    x = RNG.standard_normal((2, 64, 768)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
+    planned = oxla.CompiledModel(model, Options(layout_weights=True, native_matmul=True)).model
+    _agrees(model, planned, x)
+
+
+@needs_kernel
+def test_small_matmuls_and_pooled_sessions_keep_xla_dots() -> None:
+    one = ort.SessionOptions()
+    one.intra_op_num_threads = 1
+    # K or N under MATMUL_MIN_DIM (ViT-S/16's 384): XLA's dot is as fast
+    small = oxla.InferenceSession(_matmul_net(384, 1536).SerializeToString(), one)
+    assert not [n for n in small.compiled.plan.nodes if n.domain == native_rule.DOMAIN]
+    if cpu_client.cores() > 1:  # beside YNNPACK's fusions the kernel lost (tenth round)
+        pooled = oxla.InferenceSession(_matmul_net(768, 1024).SerializeToString())
+        assert not [n for n in pooled.compiled.plan.nodes if n.domain == native_rule.DOMAIN]

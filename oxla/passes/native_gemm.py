@@ -89,6 +89,11 @@ MIN_OPSET = 11  # the function bodies' Slice and Clip read their bounds as input
 # with every 1x1 convolution native against 1.77 / 1.61 ms without; with this bound 1.64 / 1.63
 # against 1.64 / 1.63; EfficientNet-B0 keeps most of its gain (7.53 / 7.44 against 7.87 / 7.79).
 MIN_FLOPS = 2e7
+# matmuls_to_native: K and N at least this. One core, the kernel against XLA's (Eigen's) dot:
+# BERT-base's 128x768x3072, 128x3072x768, 128x768x768 0.89-0.93x the time, ViT-S/16's
+# 197x384x1536, 197x1536x384 1.00-1.03x; in the models BERT-base 0.81x, ViT-S/16 1.07x with
+# every MatMul native (docs/benchmarks.md, thirteenth round).
+MATMUL_MIN_DIM = 512
 # Convolutions other than 1x1 (group 1, 2-D) run on the kernel's implicit-GEMM form too (False:
 # XLA's, for measuring).
 CONVS = True
@@ -347,6 +352,65 @@ def convs_to_native(model: ModelProto) -> int:
     return count
 
 
+def _constant_matrix(name: str, producers: dict[str, NodeProto], inits: dict[str, TensorProto]
+                     ) -> tuple[np.ndarray, str] | None:
+    """A constant float32 (K, N) matrix read as `name` (an initializer, or an Identity of one as
+    torch exports shared weights) and the initializer's name, or None."""
+    producer = producers.get(name)
+    if name not in inits and producer is not None and producer.op_type == "Identity" \
+            and producer.domain in ("", "ai.onnx"):
+        name = producer.input[0]
+    if name not in inits:
+        return None
+    value = tensor_value(name, lambda: numpy_helper.to_array(inits[name]))
+    return (value, name) if value.ndim == 2 and value.dtype == np.float32 else None
+
+
+def matmuls_to_native(model: ModelProto) -> int:
+    """MatMul by a constant float32 (K, N) matrix of at least MIN_FLOPS becomes an
+    `oxla.native::Gemm*` node, the Add of a constant (N,) bias after it its bias and an
+    activation after that its epilogue; returns how many. For sessions on one core, where XLA
+    runs these products as Eigen's dots (docs/benchmarks.md, thirteenth round)."""
+    opsets, inits, producers = _tables(model)
+    if opsets.get("", 1) < MIN_OPSET:
+        return 0
+    graph = model.graph
+    rows = _known_rows(model)
+    candidates = []
+    for node in graph.node:
+        if node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and len(node.input) == 2:
+            found = _constant_matrix(node.input[1], producers, inits)
+            if found is not None and min(found[0].shape) >= MATMUL_MIN_DIM \
+                    and 2 * rows.get(node.input[0], 1) * found[0].size >= MIN_FLOPS:
+                candidates.append((node, *found))
+    if not candidates or not native.available():
+        return 0
+    g = _Graph(model, inits)
+    removed: set[int] = set()
+    moved: dict[int, NodeProto] = {}
+    packed: dict[str, str] = {}
+    for node, kernel, name in candidates:
+        n = kernel.shape[1]
+        fold, bias = _Fold(output=node.output[0]), np.zeros(n, np.float32)
+        add = None if node.output[0] in g.outputs else g.only_reader(node.output[0])
+        if add is not None and add.op_type == "Add" and len(add.input) == 2:
+            other = add.input[1] if add.input[0] == node.output[0] else add.input[0]
+            if other in inits:
+                b = tensor_value(other, lambda o=other: numpy_helper.to_array(inits[o]))
+                if b.dtype == np.float32 and b.shape == (n,):
+                    bias, fold.absorbed, fold.output = b, (add,), add.output[0]
+        _activation(g, fold.output, fold)
+        if name not in packed:
+            packed[name] = name + SUFFIX
+            graph.initializer.append(numpy_helper.from_array(native.pack(kernel), packed[name]))
+        bias_name = f"{node.output[0]}{BIAS_SUFFIX}"
+        graph.initializer.append(numpy_helper.from_array(bias, bias_name))
+        inputs = [node.input[0], packed[name], bias_name, *(fold.bounds or ())]
+        _rewrite(g, node, op_type(False, fold.activation), inputs, {}, fold, removed, moved)
+    _finish(model, opsets, removed, moved)
+    return len(candidates)
+
+
 def _bias(node: NodeProto, inits: dict[str, TensorProto], n: int) -> tuple[bool, np.ndarray | None]:
     """Whether a Conv's bias is absent or a constant (n,) float32 one, and that bias (None where
     there is none)."""
@@ -548,11 +612,13 @@ def _finish(model: ModelProto, opsets: dict[str, int], removed: set[int],
 
 
 def _drop_unread(model: ModelProto) -> None:
-    """Remove the kernels' old Transposes and the initializers that nothing reads any more."""
+    """Remove the kernels' old Transposes (and Identities: torch's shared weights) and the
+    initializers that nothing reads any more."""
     graph = model.graph
     while True:
         read = {name for n in graph.node for name in node_reads(n)} | {o.name for o in graph.output}
-        dead = [n for n in graph.node if n.op_type == "Transpose" and n.output[0] not in read]
+        dead = [n for n in graph.node if n.op_type in ("Transpose", "Identity")
+                and n.domain in ("", "ai.onnx") and n.output[0] not in read]
         if not dead:
             break
         kept = [n for n in graph.node if n not in dead]
