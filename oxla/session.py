@@ -132,7 +132,7 @@ class InferenceSession:
             device = single_thread_device() or device  # a CPU client whose pool has one thread
         self._device = None if device == jax.devices()[0] else device
         bake_weights, cache_size, memory_limit = self._build_options
-        # oxla's GEMM kernel gains from the pool's threads only: on one core XLA's dot is as fast
+        # oxla's convolution kernels gain from the pool's threads only (on one core XLA's win)
         usable = (threads if threads > 0 else cores()) if device.platform == "cpu" else 0
         native = usable if usable > 1 else 0
         # the GRU/LSTM loops also run on one core (for batches: rnn.py's _native_loop), and on

@@ -27,7 +27,7 @@ class Options:
     memory_limit: int | None = None  # bytes one value may take (None: the machine's memory)
     channels_last: bool = True       # with layout_weights: 2-D conv nets run NHWC between convs
     native_threads: int = 0          # with channels_last: 1x1 convs on oxla's GEMM, on this many cores
-    native_recurrent: int = 0        # GRU time loops on oxla's kernel, on this many threads (0: off)
+    native_recurrent: int = 0        # GRU/LSTM loops on oxla's kernel, on this many threads (0: off)
     native_matmul: bool = False      # MatMuls by constant matrices on oxla's GEMM (one-core sessions)
 
 

@@ -858,6 +858,9 @@ ffi::Error Sdwconv(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
 // faster than XLA's at batch 1 (both stream R from L3); its register blocks of four rows by two
 // sequences win for batches, so there oxla uses it for batches only.
 
+// Hidden units per block: the dots of a block's rows are kept (B, gates, GRU_JB).
+constexpr int64_t GRU_JB = 32;
+
 struct GruJob {
   const float* xw;
   const float* wb;    // (D, gates H): W's bias, added to XW here
@@ -870,7 +873,7 @@ struct GruJob {
   float* scratch;  // per direction (4, B, H): the state before and after a step; then GRU: z
                    // between the two stages of a step and r * H (!lbr); LSTM: the cell state
   int64_t T, B, D, H;
-  int64_t jb, phases;
+  int64_t phases;
   int64_t gates;  // 3: GRU, 4: LSTM (oxla_slstm)
   bool lbr, reverse;
   float clip;
@@ -973,7 +976,8 @@ void gru_dots(const float* R, int64_t H, int64_t n, const float* h, int64_t B, f
     for (int64_t b = 0; b < B; ++b) {
       const float* x = h + b * H;
       V a = v_zero();
-      for (int64_t k = 0; k < H; k += L) a = v_fma(v_load_n(r + k, H - k), v_load_n(x + k, H - k), a);
+      for (int64_t k = 0; k < H; k += L)
+        a = v_fma(v_load_n(r + k, H - k), v_load_n(x + k, H - k), a);
       out[b * ldo + i] = v_hsum(a);
     }
   }
@@ -985,10 +989,10 @@ inline V gru_clip(V v, float clip) {
   return clip > 0 ? v_min(v_max(v, v_set(-clip)), v_set(clip)) : v;
 }
 
-// Stage s over hidden units [j0, j0 + n) (n <= jb) of every sequence.
+// Stage s over hidden units [j0, j0 + n) (n <= GRU_JB) of every sequence.
 // What stage s of a job reads and writes: its direction d, step i (of T), phase p (GRU without
 // linear_before_reset: 2 a step), time t, and the direction's scratch (4, B, H); the dots of a
-// block's rows go to acc (B, gates, jb), a thread's own buffer.
+// block's rows go to acc (B, gates, GRU_JB), a thread's own buffer.
 struct GruStage {
   int64_t d, i, p, t;
   float* state;
@@ -1014,9 +1018,9 @@ GruStage gru_stage(const GruJob& j, int64_t s) {
   g.rb = j.rb + g.d * G;
   g.wb = j.wb + g.d * G;
   thread_local std::vector<float> acc;
-  acc.resize((size_t)(j.B * j.gates * j.jb));
+  acc.resize((size_t)(j.B * j.gates * GRU_JB));
   g.acc = acc.data();
-  g.lda = j.gates * j.jb;
+  g.lda = j.gates * GRU_JB;
   return g;
 }
 
@@ -1038,10 +1042,10 @@ void gru_block(const GruJob& j, int64_t s, int64_t j0, int64_t n) {
   bool last = p == j.phases - 1;
   if (p == 0) {
     gru_dots(R + j0 * H, H, n, cur, B, acc, lda);
-    gru_dots(R + (H + j0) * H, H, n, cur, B, acc + j.jb, lda);
-    if (j.lbr) gru_dots(R + (2 * H + j0) * H, H, n, cur, B, acc + 2 * j.jb, lda);
+    gru_dots(R + (H + j0) * H, H, n, cur, B, acc + GRU_JB, lda);
+    if (j.lbr) gru_dots(R + (2 * H + j0) * H, H, n, cur, B, acc + 2 * GRU_JB, lda);
   } else {
-    gru_dots(R + (2 * H + j0) * H, H, n, rh, B, acc + 2 * j.jb, lda);
+    gru_dots(R + (2 * H + j0) * H, H, n, rh, B, acc + 2 * GRU_JB, lda);
   }
   for (int64_t b = 0; b < B; ++b) {
     if (j.lens && t >= j.lens[b]) {
@@ -1059,14 +1063,14 @@ void gru_block(const GruJob& j, int64_t s, int64_t j0, int64_t n) {
         z = logistic(gru_clip(v_add(v_add(v_load_n(xw + u, m), v_load_n(wb + u, m)),
                                     v_add(v_load_n(a + c, m), v_load_n(rb + u, m))), j.clip));
         V r = logistic(gru_clip(v_add(v_add(v_load_n(xw + H + u, m), v_load_n(wb + H + u, m)),
-                                      v_add(v_load_n(a + j.jb + c, m), v_load_n(rb + H + u, m))),
+                                      v_add(v_load_n(a + GRU_JB + c, m), v_load_n(rb + H + u, m))),
                                 j.clip));
         if (!j.lbr) {
           v_store_n(zbuf + b * H + u, m, z);
           v_store_n(rh + b * H + u, m, v_mul(r, h));
           continue;
         }
-        V hr = v_add(v_load_n(a + 2 * j.jb + c, m), v_load_n(rb + 2 * H + u, m));
+        V hr = v_add(v_load_n(a + 2 * GRU_JB + c, m), v_load_n(rb + 2 * H + u, m));
         V xh = v_add(v_load_n(xw + 2 * H + u, m), v_load_n(wb + 2 * H + u, m));
         V g = tanh_v(gru_clip(v_fma(r, hr, xh), j.clip));
         V out = v_fma(v_sub1(z), g, v_mul(z, h));
@@ -1075,7 +1079,7 @@ void gru_block(const GruJob& j, int64_t s, int64_t j0, int64_t n) {
       } else {
         z = v_load_n(zbuf + b * H + u, m);
         V xh = v_add(v_load_n(xw + 2 * H + u, m), v_load_n(wb + 2 * H + u, m));
-        V g = tanh_v(gru_clip(v_add(xh, v_add(v_load_n(a + 2 * j.jb + c, m),
+        V g = tanh_v(gru_clip(v_add(xh, v_add(v_load_n(a + 2 * GRU_JB + c, m),
                                               v_load_n(rb + 2 * H + u, m))), j.clip));
         V out = v_fma(v_sub1(z), g, v_mul(z, h));
         v_store_n(next + b * H + u, m, out);
@@ -1098,7 +1102,7 @@ void lstm_block(const GruJob& j, int64_t s, int64_t j0, int64_t n) {
   float *next = st.next, *acc = st.acc;
   const float* P = j.P ? j.P + d * 3 * H : nullptr;
   for (int64_t g = 0; g < 4; ++g)
-    gru_dots(R + (g * H + j0) * H, H, n, cur, B, acc + g * j.jb, lda);
+    gru_dots(R + (g * H + j0) * H, H, n, cur, B, acc + g * GRU_JB, lda);
   for (int64_t b = 0; b < B; ++b) {
     if (j.lens && t >= j.lens[b]) {
       gru_keep(j, st, b, j0, n);
@@ -1112,7 +1116,7 @@ void lstm_block(const GruJob& j, int64_t s, int64_t j0, int64_t n) {
       V z[4];
       for (int g = 0; g < 4; ++g)
         z[g] = v_add(v_add(v_load_n(xw + g * H + u, m), v_load_n(wb + g * H + u, m)),
-                     v_add(v_load_n(a + g * j.jb + c, m), v_load_n(rb + g * H + u, m)));
+                     v_add(v_load_n(a + g * GRU_JB + c, m), v_load_n(rb + g * H + u, m)));
       V C = v_load_n(cell + b * H + u, m);
       V zi = P ? v_fma(v_load_n(P + u, m), C, z[0]) : z[0];
       V ig = logistic(gru_clip(zi, j.clip));
@@ -1135,14 +1139,14 @@ void lstm_block(const GruJob& j, int64_t s, int64_t j0, int64_t n) {
 }
 
 // Stage s over part `part` of `parts` of the hidden units (cut at multiples of L), in blocks
-// of jb: one part per thread, so that each thread reads the same rows of R at every step.
+// of GRU_JB: one part per thread, so that each thread reads the same rows of R at every step.
 void gru_part(const GruJob& j, int64_t s, int part, int parts) {
   int64_t units = (j.H + L - 1) / L;
   int64_t u0 = std::min(j.H, units * part / parts * L);
   int64_t u1 = std::min(j.H, units * (part + 1) / parts * L);
-  for (int64_t u = u0; u < u1; u += j.jb) {
-    if (j.gates == 4) lstm_block(j, s, u, std::min(j.jb, u1 - u));
-    else gru_block(j, s, u, std::min(j.jb, u1 - u));
+  for (int64_t u = u0; u < u1; u += GRU_JB) {
+    if (j.gates == 4) lstm_block(j, s, u, std::min(GRU_JB, u1 - u));
+    else gru_block(j, s, u, std::min(GRU_JB, u1 - u));
   }
 }
 
@@ -1268,8 +1272,6 @@ void gru_run(const GruJob& j, int threads, ffi::ThreadPool& pool) {
   t->claim.store(gru_claim(g, GRU_END, all), std::memory_order_release);
 }
 
-// Hidden units per block: the dots of a block's rows are kept (B, 3, jb) for its gates.
-constexpr int64_t GRU_BLOCK_UNITS = 32;
 
 // The operands both loops take, checked and set in j (whose gates, phases and op-specific fields
 // the caller set), then the loop on `threads`; `more(D, B, H)` checks the op's own operands.
@@ -1309,7 +1311,6 @@ ffi::Error recurrent_call(const std::string& what, GruJob& j, ffi::Buffer<ffi::F
   j.T = T; j.B = B; j.D = D; j.H = H;
   j.reverse = reverse != 0;
   j.clip = clip;
-  j.jb = GRU_BLOCK_UNITS;
   gru_run(j, threads, pool);
   return ffi::Error::Success();
 }
@@ -1324,7 +1325,8 @@ ffi::Error Sgru(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> xw, ffi::Buffer<ffi:
   j.lbr = linear_before_reset != 0;
   j.phases = j.lbr ? 1 : 2;
   return recurrent_call("oxla_sgru", j, xw, wb, r0, r1, rb, h0, lens, y, yh, reverse, clip,
-                        usable(threads, pool), pool, [](int64_t, int64_t, int64_t) { return true; });
+                        usable(threads, pool), pool,
+                        [](int64_t, int64_t, int64_t) { return true; });
 }
 
 ffi::Error Slstm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> xw, ffi::Buffer<ffi::F32> wb,

@@ -58,6 +58,7 @@ import numpy as np
 from onnx import (
     AttributeProto,
     FunctionProto,
+    GraphProto,
     ModelProto,
     NodeProto,
     TensorProto,
@@ -333,12 +334,7 @@ def convs_to_native(model: ModelProto) -> int:
     for node, kernel, names, b, window in candidates:
         bias = np.zeros(kernel.shape[1], np.float32) if b is None else b
         fold = _fold(g, node.output[0])
-        if names[-1] not in packed:
-            packed[names[-1]] = names[-1] + SUFFIX
-            graph.initializer.append(numpy_helper.from_array(native.pack(kernel), packed[names[-1]]))
-        bias_name = f"{node.output[0]}{BIAS_SUFFIX}"
-        graph.initializer.append(numpy_helper.from_array(bias, bias_name))
-        inputs = [node.input[0], packed[names[-1]], bias_name]
+        inputs = [node.input[0], *_weights(graph, packed, names[-1], kernel, node, bias)]
         if fold.residual:
             inputs.append(fold.residual)
         if fold.bounds:
@@ -350,6 +346,18 @@ def convs_to_native(model: ModelProto) -> int:
     if count:
         _finish(model, opsets, removed, moved)
     return count
+
+
+def _weights(graph: GraphProto, packed: dict[str, str], name: str, kernel: np.ndarray,
+             node: NodeProto, bias: np.ndarray) -> tuple[str, str]:
+    """The initializers a Gemm*/Conv* node reads: `kernel` (from initializer `name`) packed, once
+    for every node reading it (`packed`: name -> packed name), and the node's bias."""
+    if name not in packed:
+        packed[name] = name + SUFFIX
+        graph.initializer.append(numpy_helper.from_array(native.pack(kernel), packed[name]))
+    bias_name = f"{node.output[0]}{BIAS_SUFFIX}"
+    graph.initializer.append(numpy_helper.from_array(bias, bias_name))
+    return packed[name], bias_name
 
 
 def _constant_matrix(name: str, producers: dict[str, NodeProto], inits: dict[str, TensorProto]
@@ -400,12 +408,8 @@ def matmuls_to_native(model: ModelProto) -> int:
                 if b.dtype == np.float32 and b.shape == (n,):
                     bias, fold.absorbed, fold.output = b, (add,), add.output[0]
         _activation(g, fold.output, fold)
-        if name not in packed:
-            packed[name] = name + SUFFIX
-            graph.initializer.append(numpy_helper.from_array(native.pack(kernel), packed[name]))
-        bias_name = f"{node.output[0]}{BIAS_SUFFIX}"
-        graph.initializer.append(numpy_helper.from_array(bias, bias_name))
-        inputs = [node.input[0], packed[name], bias_name, *(fold.bounds or ())]
+        inputs = [node.input[0], *_weights(graph, packed, name, kernel, node, bias),
+                  *(fold.bounds or ())]
         _rewrite(g, node, op_type(False, fold.activation), inputs, {}, fold, removed, moved)
     _finish(model, opsets, removed, moved)
     return len(candidates)

@@ -151,12 +151,12 @@ def _layer(cx, X, W, R, B, sequence_lens, states: list, *, gates: int, direction
         xw_all = jnp.einsum("tbi,gi->tbg", X, jnp.reshape(W, (-1, W.shape[-1])), precision=HIGHEST)
         done = None if fused is None else fused(xw_all, B[:, :G], R, B[:, G:], states,
                                                 sequence_lens, reverse)
-        xw_all = xw_all + jnp.reshape(B[:, :G], (-1,))
         if done is not None:
             Y, outs = done
             if layout:
                 return jnp.transpose(Y, (2, 0, 1, 3)), *[jnp.swapaxes(s, 0, 1) for s in outs]
             return Y, *outs
+        xw_all = xw_all + jnp.reshape(B[:, :G], (-1,))
     for d, backward in enumerate(reverse):
         if project is None:
             xw = xw_all[..., d * G:(d + 1) * G]
