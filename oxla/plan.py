@@ -21,7 +21,12 @@ from oxla.passes.channels_last import convs_to_channels_last
 from oxla.passes.classify import DispatchTable, check_supported
 from oxla.passes.constants import large_constants_to_initializers
 from oxla.passes.dequantize_constants import dequantize_constants
-from oxla.passes.native_gemm import convs_to_native, depthwise_to_native, matmuls_to_native
+from oxla.passes.native_gemm import (
+    convs_to_native,
+    depthwise_to_native,
+    matmuls_to_native,
+    stems_to_native,
+)
 from oxla.passes.nms_split import split_non_max_suppression
 from oxla.passes.pad_ahead import pad_ahead
 from oxla.passes.qdq_conv import qdq_adds_to_qlinear, qdq_conv_to_integer, quantized_max_pools
@@ -91,6 +96,8 @@ def prepare(model: ModelProto, options: Options) -> DispatchTable:
                 matmuls_to_native(model)
             if options.channels_last:
                 convs_to_channels_last(model)
+                if options.native_stems:
+                    stems_to_native(model)  # reads the image before its transpose
                 if options.native_threads:
                     depthwise_to_native(model)  # before PadAheadPass: it pads in the kernel
                 pad_ahead(model)

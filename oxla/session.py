@@ -139,7 +139,8 @@ class InferenceSession:
         # one core MatMuls by constant matrices go to the GEMM kernel (matmuls_to_native)
         options = Options(bake_weights=bake_weights, layout_weights=True, memory_limit=memory_limit,
                           native_threads=native, native_recurrent=usable,
-                          native_matmul=NATIVE_MATMUL_ONE_CORE and usable == 1)
+                          native_matmul=NATIVE_MATMUL_ONE_CORE and usable == 1,
+                          native_stems=usable > 0)
         with self._on_device():
             model = ModelProto()
             model.CopyFrom(self._model)

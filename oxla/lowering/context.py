@@ -29,6 +29,7 @@ class Options:
     native_threads: int = 0          # with channels_last: 1x1 convs on oxla's GEMM, on this many cores
     native_recurrent: int = 0        # GRU/LSTM loops on oxla's kernel, on this many threads (0: off)
     native_matmul: bool = False      # MatMuls by constant matrices on oxla's GEMM (one-core sessions)
+    native_stems: bool = False       # with channels_last: image stems on oxla's stem kernel (CPU)
 
 
 class NeedStatic(Exception):

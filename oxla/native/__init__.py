@@ -39,6 +39,7 @@ CONV_TARGET = "oxla_sconv"
 DEPTHWISE_TARGET = "oxla_sdwconv"
 GRU_TARGET = "oxla_sgru"
 LSTM_TARGET = "oxla_slstm"
+STEM_TARGET = "oxla_sstem"
 
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}
@@ -113,6 +114,7 @@ def _load() -> None:
                                 platform="cpu")
     jax.ffi.register_ffi_target(GRU_TARGET, jax.ffi.pycapsule(lib.OxlaSgru), platform="cpu")
     jax.ffi.register_ffi_target(LSTM_TARGET, jax.ffi.pycapsule(lib.OxlaSlstm), platform="cpu")
+    jax.ffi.register_ffi_target(STEM_TARGET, jax.ffi.pycapsule(lib.OxlaSstem), platform="cpu")
     _STATE["lib"] = lib
 
 

@@ -836,6 +836,177 @@ ffi::Error Sdwconv(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   return ffi::Error::Success();
 }
 
+// ---- Image stems: a convolution over a few input channels, read channels first -----------------
+//
+// Y[n, oh, ow, m] = act(bias[m] + sum_{i, j, c} X[n, c, oh*sh - pt + i*dh, ow*sw - pl + j*dw]
+//                                              * W[(i KW + j) C + c, m]),
+// taps outside X reading zero; X is (N, C, H, W) (channels_first: the model's image, before the
+// transpose ChannelsLastPass put at the graph's edge) or (N, H, W, C); Y is channels last; W is
+// packed in panels of NR columns as the GEMM's (K = KH KW C rows). Y may carry a zero border (out
+// pads: the next convolution's padding, written here instead of in a pass of its own).
+// Why (docs/benchmarks.md, fourteenth round): XLA ran a 3x3 stride-2 stem over RGB as a loop of
+// 27 multiply-adds per output channel block (the image moved channels last in a pass of its own,
+// its innermost axis of 3 floats), 7-8 GFLOP/s; here each output row's KH x C input rows are
+// copied once into a zero-padded buffer (borders and the layout handled there), and a tile of
+// ST_P output pixels x 2L output channels takes, per tap, one broadcast input value per pixel
+// against two vectors of W.
+
+constexpr int ST_P = L == 16 ? 12 : 6;  // output pixels per tile (2 ST_P accumulators)
+
+struct StemJob {
+  const float* X;
+  const float* Wp;    // (panels, K, NR)
+  const float* bias;  // (panels NR,): zeros past M
+  float* Y;
+  int64_t N, C, H, Wd, OH, OW, M, K, KH, KW, sh, sw, dh, dw, pt, pl;
+  int64_t ot, ol, ob, orr;   // Y's zero border (out pads): top, left, bottom, right
+  int64_t sn, sc, sh_, sw_;  // X's strides (elements) for n, c, h, w
+  int64_t RL;                // a padded input row's length: the tiles of a row read inside it
+  int64_t act;
+  float lo, hi;
+};
+
+// Output pixels [ow0, ow0 + P) of one row, 2L output channels from column col (panel p's half).
+template <int64_t ACT, int64_t CC>  // CC: C when compiled for it (1, 3), else 0
+inline void stem_tile(const StemJob& j, const float* rows, int64_t ow0, int64_t col, int P,
+                      float* y) {
+  const int64_t C = CC ? CC : j.C;
+  int64_t panel = col / NR, half = col % NR;
+  const float* w = j.Wp + panel * j.K * NR + half;
+  V a0[ST_P], a1[ST_P];
+  V b0 = v_load(j.bias + col), b1 = v_load(j.bias + col + L);
+#pragma GCC unroll 16
+  for (int p = 0; p < ST_P; ++p) a0[p] = b0, a1[p] = b1;
+  for (int64_t i = 0; i < j.KH; ++i)
+    for (int64_t t = 0; t < j.KW; ++t) {
+      const float* r = rows + i * C * j.RL + ow0 * j.sw + t * j.dw;
+#pragma GCC unroll 4
+      for (int64_t c = 0; c < C; ++c, r += j.RL, w += NR) {
+        V w0 = v_load(w), w1 = v_load(w + L);
+#pragma GCC unroll 16
+        for (int p = 0; p < ST_P; ++p) {
+          V x = v_set(r[p * j.sw]);
+          a0[p] = v_fma(x, w0, a0[p]);
+          a1[p] = v_fma(x, w1, a1[p]);
+        }
+      }
+    }
+  int64_t n0 = j.M - col, n1 = j.M - col - L;  // valid lanes of the two vectors
+  for (int p = 0; p < P; ++p) {
+    float* yp = y + p * j.M + col;
+    v_store_n(yp, n0, activate<ACT>(a0[p], j.lo, j.hi));
+    if (n1 > 0) v_store_n(yp + L, n1, activate<ACT>(a1[p], j.lo, j.hi));
+  }
+}
+
+template <int64_t ACT>
+void stem_rows(const StemJob& j, int64_t r0, int64_t r1) {
+  thread_local std::vector<float> buf;
+  buf.resize((size_t)(j.KH * j.C * j.RL));
+  float* rows = buf.data();
+  for (int64_t r = r0; r < r1; ++r) {
+    int64_t n = r / j.OH, oh = r % j.OH;
+    // rows[(i C + c) RL + q] = X[n, c, oh sh - pt + i dh, q - pl], zero outside X
+    for (int64_t i = 0; i < j.KH; ++i) {
+      int64_t ih = oh * j.sh - j.pt + i * j.dh;
+      for (int64_t c = 0; c < j.C; ++c) {
+        float* dst = rows + (i * j.C + c) * j.RL;
+        if (ih < 0 || ih >= j.H) {
+          std::fill(dst, dst + j.RL, 0.0f);
+          continue;
+        }
+        const float* src = j.X + n * j.sn + c * j.sc + ih * j.sh_;
+        int64_t q0 = j.pl < j.RL ? j.pl : j.RL, q1 = j.pl + j.Wd < j.RL ? j.pl + j.Wd : j.RL;
+        std::fill(dst, dst + q0, 0.0f);
+        if (j.sw_ == 1) std::copy(src, src + (q1 - q0), dst + q0);
+        else for (int64_t q = q0; q < q1; ++q) dst[q] = src[(q - j.pl) * j.sw_];
+        std::fill(dst + q1, dst + j.RL, 0.0f);
+      }
+    }
+    int64_t owp = j.OW + j.ol + j.orr, ohp = j.OH + j.ot + j.ob;
+    float* yrow = j.Y + ((n * ohp + oh + j.ot) * owp + j.ol) * j.M;
+    std::fill(yrow - j.ol * j.M, yrow, 0.0f);
+    std::fill(yrow + j.OW * j.M, yrow + (j.OW + j.orr) * j.M, 0.0f);
+    if (oh == 0) {
+      float* top = j.Y + n * ohp * owp * j.M;
+      std::fill(top, top + j.ot * owp * j.M, 0.0f);
+    }
+    if (oh == j.OH - 1) {
+      float* bottom = j.Y + (n * ohp + j.ot + j.OH) * owp * j.M;
+      std::fill(bottom, bottom + j.ob * owp * j.M, 0.0f);
+    }
+    for (int64_t ow = 0; ow < j.OW; ow += ST_P) {
+      int P = (int)(j.OW - ow < ST_P ? j.OW - ow : ST_P);
+      for (int64_t col = 0; col < j.M; col += 2 * L) {
+        if (j.C == 3) stem_tile<ACT, 3>(j, rows, ow, col, P, yrow + ow * j.M);
+        else if (j.C == 1) stem_tile<ACT, 1>(j, rows, ow, col, P, yrow + ow * j.M);
+        else stem_tile<ACT, 0>(j, rows, ow, col, P, yrow + ow * j.M);
+      }
+    }
+  }
+}
+
+void stem_part(const void* ctx, int part, int parts) {
+  const StemJob& j = *static_cast<const StemJob*>(ctx);
+  int64_t rows = j.N * j.OH, r0 = rows * part / parts, r1 = rows * (part + 1) / parts;
+  switch (j.act) {
+    case RELU: stem_rows<RELU>(j, r0, r1); break;
+    case CLIP: stem_rows<CLIP>(j, r0, r1); break;
+    case SILU: stem_rows<SILU>(j, r0, r1); break;
+    case HARD_SWISH: stem_rows<HARD_SWISH>(j, r0, r1); break;
+    default: stem_rows<NONE>(j, r0, r1); break;
+  }
+}
+
+ffi::Error Sstem(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+                 ffi::Buffer<ffi::F32> bias, ffi::ResultBuffer<ffi::F32> y, int64_t threads,
+                 int64_t act, float lo, float hi, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                 int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t channels_first,
+                 int64_t out_top, int64_t out_left, int64_t out_bottom, int64_t out_right) {
+  auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
+  if (xd.size() != 4 || wd.size() != 3 || wd[2] != NR || yd.size() != 4 || xd[0] != yd[0])
+    return ffi::Error::InvalidArgument("oxla_sstem: operand ranks");
+  if (kh < 1 || kw < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 || pt < 0 || pl < 0)
+    return ffi::Error::InvalidArgument("oxla_sstem: window");
+  if (act < NONE || act > HARD_SWISH) return ffi::Error::InvalidArgument("oxla_sstem: act");
+  if (out_top < 0 || out_left < 0 || out_bottom < 0 || out_right < 0 ||
+      yd[1] <= out_top + out_bottom || yd[2] <= out_left + out_right)
+    return ffi::Error::InvalidArgument("oxla_sstem: out pads");
+  StemJob j;
+  j.N = xd[0];
+  if (channels_first) {
+    j.C = xd[1]; j.H = xd[2]; j.Wd = xd[3];
+    j.sw_ = 1; j.sh_ = j.Wd; j.sc = j.H * j.Wd; j.sn = j.C * j.sc;
+  } else {
+    j.H = xd[1]; j.Wd = xd[2]; j.C = xd[3];
+    j.sc = 1; j.sw_ = j.C; j.sh_ = j.Wd * j.C; j.sn = j.H * j.sh_;
+  }
+  j.ot = out_top; j.ol = out_left; j.ob = out_bottom; j.orr = out_right;
+  j.OH = yd[1] - out_top - out_bottom; j.OW = yd[2] - out_left - out_right; j.M = yd[3];
+  j.KH = kh; j.KW = kw; j.sh = sh; j.sw = sw; j.dh = dh; j.dw = dw; j.pt = pt; j.pl = pl;
+  j.K = kh * kw * j.C;
+  int64_t panels = (j.M + NR - 1) / NR;
+  if (wd[1] != j.K || wd[0] != panels)
+    return ffi::Error::InvalidArgument("oxla_sstem: packed weight shape");
+  if ((int64_t)bias.element_count() != j.M)
+    return ffi::Error::InvalidArgument("oxla_sstem: bias length");
+  if (j.N * j.M == 0) return ffi::Error::Success();
+  std::vector<float> b((size_t)(panels * NR), 0.0f);
+  std::copy(bias.typed_data(), bias.typed_data() + j.M, b.begin());
+  // tiles read ST_P pixels from each multiple of ST_P: the row holds the last tile's window
+  j.RL = ((j.OW + ST_P - 1) / ST_P * ST_P - 1) * sw + (kw - 1) * dw + 1;
+  j.X = x.typed_data();
+  j.Wp = w.typed_data();
+  j.bias = b.data();
+  j.Y = y->typed_data();
+  j.act = act;
+  j.lo = lo;
+  j.hi = hi;
+  double flops = 2.0 * (double)(j.N * j.OH * j.OW) * (double)j.K * (double)j.M;
+  parallel(stem_part, &j, usable(threads, pool), flops >= 4e5, pool);
+  return ffi::Error::Success();
+}
+
 // ---- GRU and LSTM recurrences (ONNX's, with their default activations: Sigmoid and Tanh) -----
 //
 // The GRU below; the LSTM (lstm_block) shares its dots, threads and edges.
@@ -1408,6 +1579,31 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(OxlaSdwconv, Sdwconv,
                                   .Attr<int64_t>("pre_act")      // -1: X read as it is
                                   .Attr<float>("pre_lo")
                                   .Attr<float>("pre_hi"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(OxlaSstem, Sstem,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // X (N, C, H, W) or (N, H, W, C)
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // W packed (P, KH KW C, 32)
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // bias (M,)
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // Y (N, ot + OH + ob, ...)
+                                  .Attr<int64_t>("threads")
+                                  .Attr<int64_t>("act")
+                                  .Attr<float>("lo")
+                                  .Attr<float>("hi")
+                                  .Attr<int64_t>("kh")
+                                  .Attr<int64_t>("kw")
+                                  .Attr<int64_t>("sh")
+                                  .Attr<int64_t>("sw")
+                                  .Attr<int64_t>("dh")
+                                  .Attr<int64_t>("dw")
+                                  .Attr<int64_t>("pt")
+                                  .Attr<int64_t>("pl")
+                                  .Attr<int64_t>("channels_first")
+                                  .Attr<int64_t>("out_top")       // Y's zero border
+                                  .Attr<int64_t>("out_left")
+                                  .Attr<int64_t>("out_bottom")
+                                  .Attr<int64_t>("out_right"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(OxlaSgru, Sgru,
                               ffi::Ffi::Bind()

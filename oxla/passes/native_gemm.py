@@ -22,6 +22,12 @@ padded 1x1 convolutions (PadAheadPass's producers, whose border XLA fuses into t
 Winograd layers (WinogradPass, before this pass) stay Winograd: with them made native instead,
 ResNet-50 and the DBNet-style segmenter ran slower.
 
+`stems_to_native`, which the planner runs first, makes image stems (a Conv over at most
+STEM_CHANNELS channels whose X is ChannelsLastPass's transpose of the model's channels-first
+image) `oxla.native::Stem*` nodes that read the image itself and write channels last, their
+activation folded: XLA ran them as a transpose of the image (an innermost axis of 3 floats) and
+a loop of multiply-adds at 7-8 GFLOP/s. They run for every CPU session (`Options.native_stems`).
+
 `depthwise_to_native`, which the planner runs before PadAheadPass, makes depthwise convolutions
 (group = channels, one output channel each, constant float32 kernel, 2-D, explicit pads) of at
 least DEPTHWISE_MIN_FLOPS `oxla.native::Depthwise*` nodes, the activation after them folded: the
@@ -41,7 +47,7 @@ Products by constant matrices in transformers (MatMul, Gemm) were measured too a
 XLA: 5-22% faster alone, but BERT-base and ViT-S/16 ran 7-10% slower with them, beside
 YNNPACK's fusions.
 
-The pass runs only when the plan asks for it (`Options.native_threads`, set by InferenceSession
+The other passes run only when the plan asks for them (`Options.native_threads`, set by InferenceSession
 for CPU sessions that may use several cores) and the kernel builds and loads here
 (`oxla.native.available()`). The planned model stays a valid ONNX model: each op type has a
 model-local function body (unpack W, MatMul, Add, the residual, the activation; for Conv*, the
@@ -118,6 +124,15 @@ DEPTHWISE_ISAS = frozenset({"avx512"})
 # own (YNNPACK's) convolution ran ResNet-50 5.2% and 8.8% faster (both orders; DBNet-style's
 # ResNet-18 stem equal): the kernel's im2col rows gather 3 floats per tap.
 STEM_ISAS = frozenset({"avx512"})
+# Image stems (a Conv over at most STEM_CHANNELS channels of the model's channels-first image, which
+# ChannelsLastPass moved channels last in a transpose of its own) run on the stem kernel, reading
+# the image itself (False: XLA's taps or convolution, for measuring). On one core, AMD EPYC (Zen
+# 3), the stem alone (image transpose, convolution, activation) against XLA's: 3 -> 16 channels
+# 3x3 stride 2 at 224x224 1603 -> 257 us, 3 -> 32 2874 -> 321 us, at 320x320 5580 -> 910 us
+# (docs/benchmarks.md, fourteenth round). For every CPU session (`Options.native_stems`), on one
+# core too: XLA's loop over an innermost axis of 3 floats gains nothing from the pool either.
+STEMS = True
+STEM_MIN_FLOPS = 1e6  # smaller stems stay XLA's: an FFI call costs ~2.5 us
 # A depthwise convolution applies its producer's bias and activation (PRE_ACTIVATIONS) as it loads
 # X (False: it reads the activated product, for measuring). MobileNetV3-small (8 layers), default
 # threads, both orders twice, against reading the activated product: 1.646 / 1.690 / 1.640 /
@@ -346,6 +361,82 @@ def convs_to_native(model: ModelProto) -> int:
     if count:
         _finish(model, opsets, removed, moved)
     return count
+
+
+def _stem(node: NodeProto, producers: dict[str, NodeProto], inits: dict[str, TensorProto]
+          ) -> tuple[np.ndarray, list[str], np.ndarray | None, dict[str, list[int]], str] | None:
+    """(W as (K, M) float32, the names it came from, the bias or None, the window, the
+    channels-first image) of a channels-last Conv over at most STEM_CHANNELS channels whose X is
+    ChannelsLastPass's transpose of a channels-first image, or None."""
+    if not (node.op_type == "Conv" and node.domain == LAST and len(node.input) >= 2):
+        return None
+    move = producers.get(node.input[0])
+    if move is None or move.op_type != "Transpose" or move.domain not in ("", "ai.onnx") \
+            or [list(a.ints) for a in move.attribute if a.name == "perm"] != [[0, 2, 3, 1]]:
+        return None
+    found = conv_hwio(node, producers, inits)
+    if found is None or found[0].ndim != 4 or found[0].dtype != np.float32 \
+            or found[0].shape[2] > STEM_CHANNELS:
+        return None
+    hwio, names = found
+    window = _window(node, hwio.shape[:2])
+    plain, b = _bias(node, inits, hwio.shape[3])
+    if window is None or not plain:
+        return None
+    return hwio.reshape((-1, hwio.shape[3])), names, b, window, move.input[0]
+
+
+def stems_to_native(model: ModelProto) -> int:
+    """Rewrite the image stems of the main graph (`STEMS`: a channels-last Conv over at most
+    STEM_CHANNELS channels of the model's channels-first image) as `oxla.native::Stem*` nodes
+    that read the image itself, their activation folded; returns how many."""
+    if not STEMS:
+        return 0
+    opsets, inits, producers = _tables(model)
+    if opsets.get("", 1) < MIN_OPSET:
+        return 0
+    graph = model.graph
+    rows = _known_rows(model)
+    candidates = [(node, *found) for node in graph.node
+                  if (found := _stem(node, producers, inits)) is not None
+                  and 2 * rows.get(node.output[0], 1) * found[0].size >= STEM_MIN_FLOPS]
+    if not candidates or not native.available():
+        return 0
+    g = _Graph(model, inits)
+    removed: set[int] = set()
+    moved: dict[int, NodeProto] = {}
+    packed: dict[str, str] = {}
+    for node, kernel, names, b, window, image in candidates:
+        bias = np.zeros(kernel.shape[1], np.float32) if b is None else b
+        fold = _Fold(output=node.output[0])
+        _activation(g, fold.output, fold)
+        inputs = [image, *_weights(graph, packed, names[-1], kernel, node, bias),
+                  *(fold.bounds or ())]
+        _rewrite(g, node, op_type(False, fold.activation, "Stem"), inputs,
+                 {**window, "out_pads": _take_pads(g, fold.output)}, fold, removed, moved)
+    _finish(model, opsets, removed, moved)
+    return len(candidates)
+
+
+def _take_pads(g: _Graph, y: str) -> list[int]:
+    """The zero border a stem writes around its output `y` (ONNX Pad's pads of (N, H, W, C)):
+    the explicit pads of the channels-last Conv that alone reads y, which then reads it unpadded
+    (XLA had fused that pad into the stem's loop; after the kernel it is a pass of its own)."""
+    none = [0] * 8
+    readers = g.readers.get(y, [])
+    conv = readers[0] if len(readers) == 1 and y not in g.outputs else None
+    if conv is None or conv.op_type != "Conv" or conv.domain != LAST or conv.input[0] != y:
+        return none
+    attrs = {a.name: attribute_value(a) for a in conv.attribute}
+    pads = [int(v) for v in attrs.get("pads", ())]
+    if attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "") or len(pads) != 4 \
+            or min(pads) < 0 or max(pads) == 0:
+        return none
+    for a in conv.attribute:
+        if a.name == "pads":
+            del a.ints[:]
+            a.ints.extend([0, 0, 0, 0])
+    return [0, pads[0], pads[1], 0, 0, pads[2], pads[3], 0]
 
 
 def _weights(graph: GraphProto, packed: dict[str, str], name: str, kernel: np.ndarray,
@@ -643,7 +734,8 @@ def _body(name: str, opset: int) -> FunctionProto:
     base = name[:4]
     residual = name[4:].startswith("Add")
     activation = name[len(base) + (3 if residual else 0):]
-    if base not in ("Gemm", "Conv") or activation not in ACTIVATIONS:
+    if base not in ("Gemm", "Conv", "Stem") or activation not in ACTIVATIONS \
+            or (base == "Stem" and residual):
         raise ValueError(f"no body for oxla.native::{name}")
     inputs: Sequence[str] = ["X", "W", "B", *(["R"] if residual else []),
                              *(["lo", "hi"] if activation == "Clip" else [])]
@@ -676,13 +768,23 @@ def _body(name: str, opset: int) -> FunctionProto:
             helper.make_node("Concat", ["hw", "rest", "n"], ["hwcn"], axis=0),
             helper.make_node("Reshape", ["W_kn", "hwcn"], ["W_hwio"]),           # (KH, KW, C, N)
             helper.make_node("Transpose", ["W_hwio"], ["W_oihw"], perm=[3, 2, 0, 1]),
-            helper.make_node("Transpose", ["X"], ["X_first"], perm=[0, 3, 1, 2]),
+            # Stem*'s X is channels first already
+            helper.make_node("Transpose", ["X"], ["X_first"], perm=[0, 3, 1, 2]) if base == "Conv"
+            else helper.make_node("Identity", ["X"], ["X_first"]),
             conv,
             helper.make_node("Transpose", ["Y_first"], [sum_], perm=[0, 2, 3, 1]),
         ]
     if residual:
         nodes.append(helper.make_node("Add", ["Z", "R"], ["A"]))
-    nodes += _activation_nodes(activation, opset)
+    if base == "Stem":  # Y zero padded by out_pads (the next Conv's padding)
+        attributes.append("out_pads")
+        out_pads = helper.make_node("Constant", [], ["out_pads"])
+        out_pads.attribute.append(helper.make_attribute_ref("value_ints", AttributeProto.INTS))
+        out_pads.attribute[0].ref_attr_name = "out_pads"
+        nodes += [*_activation_nodes(activation, opset, y="Y_inner"), out_pads,
+                  helper.make_node("Pad", ["Y_inner", "out_pads"], ["Y"])]
+    else:
+        nodes += _activation_nodes(activation, opset)
     return helper.make_function(DOMAIN, name, list(inputs), ["Y"], nodes,
                                 [helper.make_opsetid("", opset)], attributes=attributes)
 

@@ -16,6 +16,11 @@ Conv* (Conv, ConvRelu, ConvAddRelu, ...) is the same for a 2-D convolution of a 
 (N, H, W, C) with group 1: W is the (KH, KW, C, M) kernel as (KH KW C, M), packed alike, and the
 node carries kernel_shape, strides, pads and dilations as ONNX's Conv does (all explicit).
 
+Stem* (Stem, StemRelu, ...) is a 2-D group-1 convolution over a few channels of a channels-first
+X (N, C, H, W), the model's image before the transpose ChannelsLastPass put at the graph's edge,
+with a channels-last Y (N, OH, OW, M); W packed as Conv*'s, the same attributes, and out_pads:
+Y zero padded (ONNX Pad's 8 pads, on its height and width only; the next Conv's padding).
+
 Depthwise* (Depthwise, DepthwiseRelu, ...) is a 2-D depthwise convolution (group = channels, one
 output channel each) of a channels-last X: W is (KH, KW, C), B (C,), the node carries strides,
 pads, dilations and group (= C, for its function body) as ONNX's Conv does.
@@ -161,6 +166,65 @@ def _conv(cx, x, w, b, r, activation: str, lo: float, hi: float, kernel_shape, s
     return _epilogue(y, activation, lo, hi)
 
 
+def _stem(cx, x, w, b, activation: str, lo: float, hi: float, kernel_shape, strides, pads,
+          dilations, out_pads):
+    """Stem*: the convolution of channels-first X, channels-last Y (oxla's stem kernel), Y then
+    zero padded by out_pads (ONNX Pad's pads for (N, H, W, C), zero on N and C)."""
+    window = (kernel_shape, strides, pads, dilations)
+    if any(a is None for a in window) or [len(a) for a in window] != [2, 2, 4, 2]:
+        raise cx.fail("needs 2-D kernel_shape, strides, pads and dilations attributes, all given "
+                      "(NativeGemmPass writes them); this node was not made by oxla's planner")
+    if x.ndim != 4:
+        raise cx.shape_error(f"X {tuple(x.shape)} is not an (N, C, H, W) image; check the "
+                             f"model's input")
+    _check_packed(cx, w, b)
+    _check_window(cx, kernel_shape, strides, pads, dilations)
+    kh, kw = (int(k) for k in kernel_shape)
+    if x.shape[1] * kh * kw != w.shape[1]:
+        raise cx.shape_error(f"X {tuple(x.shape)} does not have the {w.shape[1] // (kh * kw)} "
+                             f"channels (axis 1) the {kh}x{kw} kernel reads; check the model's "
+                             f"Conv input")
+    out_pads = [0] * 8 if out_pads is None else [int(v) for v in out_pads]
+    if len(out_pads) != 8 or min(out_pads) < 0 or any(out_pads[i] for i in (0, 3, 4, 7)):
+        raise cx.fail(f"out_pads {out_pads} must be 8 pads of Y's height and width, at least 0; "
+                      f"this node was not made by oxla's planner")
+    ot, ol, ob, orr = out_pads[1], out_pads[2], out_pads[5], out_pads[6]
+    last = jnp.transpose(x, (0, 2, 3, 1))
+    if not (x.dtype == jnp.float32 and native.available()):
+        y = _conv(cx, last, w, b, None, activation, lo, hi, kernel_shape, strides, pads,
+                  dilations)
+        return jnp.pad(y, ((0, 0), (ot, ob), (ol, orr), (0, 0)))
+    sh, sw = (int(v) for v in strides)
+    dh, dw = (int(v) for v in dilations)
+    pt, pl, pb, pr = (int(v) for v in pads)
+    oh, ow = _out_sizes(cx, last, (kh, kw), (sh, sw), (pt, pl, pb, pr), (dh, dw))
+    out = jax.ShapeDtypeStruct((x.shape[0], ot + oh + ob, ol + ow + orr, b.shape[0]),
+                               jnp.float32)
+    i64 = np.int64
+    return jax.ffi.ffi_call(native.STEM_TARGET, out)(
+        x, w, b, threads=i64(max(1, cx.options.native_threads)),
+        act=i64(ACTIVATIONS[activation]), lo=np.float32(lo), hi=np.float32(hi), kh=i64(kh),
+        kw=i64(kw), sh=i64(sh), sw=i64(sw), dh=i64(dh), dw=i64(dw), pt=i64(pt), pl=i64(pl),
+        channels_first=i64(1), out_top=i64(ot), out_left=i64(ol), out_bottom=i64(ob),
+        out_right=i64(orr))
+
+
+def _register_stem(activation: str) -> None:
+    name = op_type(False, activation, "Stem")
+    if activation == "Clip":
+        def fn(cx, x, w, b, lo, hi, *, kernel_shape=None, strides=None, pads=None,
+               dilations=None, out_pads=None):
+            return _stem(cx, x, w, b, "Clip", float(cx.static(lo)), float(cx.static(hi)),
+                         kernel_shape, strides, pads, dilations, out_pads)
+        rule(name, since=1, domain=DOMAIN, static=("lo", "hi"))(fn)
+    else:
+        def fn_p(cx, x, w, b, *, kernel_shape=None, strides=None, pads=None, dilations=None,
+                 out_pads=None):
+            return _stem(cx, x, w, b, activation, 0.0, 0.0, kernel_shape, strides, pads,
+                         dilations, out_pads)
+        rule(name, since=1, domain=DOMAIN)(fn_p)
+
+
 def _register_conv(residual: bool, activation: str) -> None:
     name = op_type(residual, activation, "Conv")
     if activation == "Clip":
@@ -288,6 +352,7 @@ for _residual in (False, True):
         _register(_residual, _activation)
         _register_conv(_residual, _activation)
 for _activation in ACTIVATIONS:
+    _register_stem(_activation)
     for _pre in (None, *PRE_ACTIVATIONS):
         _register_depthwise(_pre, _activation)
 
