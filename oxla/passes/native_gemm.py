@@ -126,11 +126,14 @@ DEPTHWISE_ISAS = frozenset({"avx512"})
 STEM_ISAS = frozenset({"avx512"})
 # Image stems (a Conv over at most STEM_CHANNELS channels of the model's channels-first image, which
 # ChannelsLastPass moved channels last in a transpose of its own) run on the stem kernel, reading
-# the image itself (False: XLA's taps or convolution, for measuring). On one core, AMD EPYC (Zen
-# 3), the stem alone (image transpose, convolution, activation) against XLA's: 3 -> 16 channels
-# 3x3 stride 2 at 224x224 1603 -> 257 us, 3 -> 32 2874 -> 321 us, at 320x320 5580 -> 910 us
-# (docs/benchmarks.md, fourteenth round). For every CPU session (`Options.native_stems`), on one
-# core too: XLA's loop over an innermost axis of 3 floats gains nothing from the pool either.
+# the image itself (False: XLA's taps or convolution, for measuring). AMD EPYC (Zen 3), one core:
+# the stem alone (transpose, convolution, activation) took 1603 us in jax.jit for 3 -> 16 channels
+# 3x3 stride 2 at 224x224, 2874 us for 3 -> 32, 5580 us at 320x320; the kernel 223-257, 321 and
+# 910 us. Inside models less moves (XLA fused the image's transpose and the next layer's pad into
+# its loop): sessions with and without it in one process, default threads / one thread, ResNet-50
+# 0.966 / 0.920, the detector 0.946 / 0.977, EfficientNet-B0 0.993 / 0.981, MobileNetV3-small and
+# ShuffleNetV2 0.98-1.03 (noise), DBNet-style 1.00 (docs/benchmarks.md, fourteenth round). For
+# every CPU session (`Options.native_stems`), one core included.
 STEMS = True
 STEM_MIN_FLOPS = 1e6  # smaller stems stay XLA's: an FFI call costs ~2.5 us
 # A depthwise convolution applies its producer's bias and activation (PRE_ACTIVATIONS) as it loads
