@@ -410,16 +410,22 @@ def test_pass_takes_convolutions_and_agrees_with_onnxruntime(monkeypatch: pytest
     _agrees(model, planned, RNG.standard_normal((1, 3, 20, 20)).astype(np.float32))  # Conv between transposes
 
 
+def same_without_kernel(monkeypatch: pytest.MonkeyPatch, model: onnx.ModelProto, x: np.ndarray,
+                        op: str) -> None:
+    """A session plans `op` for `model`; traced where the kernel cannot be used (it became
+    unavailable before the first call) the rule computes what onnxruntime does."""
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    session = oxla.InferenceSession(model.SerializeToString())
+    assert [n for n in session.compiled.plan.nodes if n.op_type == op]
+    monkeypatch.setattr(native, "available", lambda: False)  # before the first trace
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
+
+
 @needs_kernel
 def test_conv_rule_without_the_kernel_computes_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(native_gemm, "MIN_FLOPS", 0.0)
-    model = _conv_net(16)
-    x = RNG.standard_normal((1, 3, 16, 16)).astype(np.float32)
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    session = oxla.InferenceSession(model.SerializeToString())
-    assert [n for n in session.compiled.plan.nodes if n.op_type == "ConvAddRelu"]
-    monkeypatch.setattr(native, "available", lambda: False)  # before the first trace
-    np.testing.assert_allclose(session.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
+    same_without_kernel(monkeypatch, _conv_net(16), RNG.standard_normal((1, 3, 16, 16)).astype(np.float32),
+                        "ConvAddRelu")
 
 
 @needs_kernel

@@ -16,7 +16,7 @@ from oxla.lowering.context import Options
 from oxla.lowering.ops import native as native_rule
 from oxla.passes import native_gemm
 
-from .test_native import _act, _agrees, _model
+from .test_native import _act, _agrees, _model, same_without_kernel
 
 RNG = np.random.default_rng(1)
 needs_kernel = pytest.mark.skipif(not native.available(),
@@ -206,13 +206,8 @@ def test_sessions_use_it_on_any_core_count(threads: int) -> None:
 @needs_kernel
 def test_rule_without_the_kernel_computes_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(native_gemm, "STEM_MIN_FLOPS", 0.0)
-    model = _stem_net()
-    x = RNG.standard_normal((1, 3, 32, 32)).astype(np.float32)
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    session = oxla.InferenceSession(model.SerializeToString())
-    assert [n for n in session.compiled.plan.nodes if n.op_type == "StemHardSwish"]
-    monkeypatch.setattr(native, "available", lambda: False)  # before the first trace
-    np.testing.assert_allclose(session.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
+    same_without_kernel(monkeypatch, _stem_net(), RNG.standard_normal((1, 3, 32, 32)).astype(np.float32),
+                        "StemHardSwish")
 
 
 @needs_kernel

@@ -315,6 +315,13 @@ def _product(node: NodeProto, producers: dict[str, NodeProto], inits: dict[str, 
     return hwio.reshape((-1, hwio.shape[3])), names, b, window
 
 
+def _rewriting(model: ModelProto, inits: dict[str, TensorProto]
+               ) -> tuple[_Graph, set[int], dict[int, NodeProto], dict[str, str]]:
+    """What a rewrite of the main graph starts from: the graph's view for the folds, and the
+    removed nodes, moved nodes and packed weights it collects (for _rewrite, _finish, _weights)."""
+    return _Graph(model, inits), set(), {}, {}
+
+
 def _tables(model: ModelProto) -> tuple[dict[str, int], dict[str, TensorProto],
                                         dict[str, NodeProto]]:
     """The model's opsets, its constant initializers (not overridable by an input) and each
@@ -344,10 +351,8 @@ def convs_to_native(model: ModelProto) -> int:
                   >= MIN_FLOPS]
     if not candidates or not native.available():  # built (first use) only for a model that needs it
         return 0
-    g = _Graph(model, inits)
-    removed: set[int] = set()
-    moved: dict[int, NodeProto] = {}
-    packed: dict[str, str] = {}  # an OIHW initializer read by several convolutions: packed once
+    # packed: an OIHW initializer read by several convolutions is packed once
+    g, removed, moved, packed = _rewriting(model, inits)
     count = 0
     for node, kernel, names, b, window in candidates:
         bias = np.zeros(kernel.shape[1], np.float32) if b is None else b
@@ -405,10 +410,7 @@ def stems_to_native(model: ModelProto) -> int:
                   and 2 * rows.get(node.output[0], 1) * found[0].size >= STEM_MIN_FLOPS]
     if not candidates or not native.available():
         return 0
-    g = _Graph(model, inits)
-    removed: set[int] = set()
-    moved: dict[int, NodeProto] = {}
-    packed: dict[str, str] = {}
+    g, removed, moved, packed = _rewriting(model, inits)
     for node, kernel, names, b, window, image in candidates:
         bias = np.zeros(kernel.shape[1], np.float32) if b is None else b
         fold = _Fold(output=node.output[0])
@@ -487,10 +489,7 @@ def matmuls_to_native(model: ModelProto) -> int:
                 candidates.append((node, *found))
     if not candidates or not native.available():
         return 0
-    g = _Graph(model, inits)
-    removed: set[int] = set()
-    moved: dict[int, NodeProto] = {}
-    packed: dict[str, str] = {}
+    g, removed, moved, packed = _rewriting(model, inits)
     for node, kernel, name in candidates:
         n = kernel.shape[1]
         fold, bias = _Fold(output=node.output[0]), np.zeros(n, np.float32)
@@ -557,9 +556,7 @@ def depthwise_to_native(model: ModelProto) -> int:
                   if 2 * rows.get(c[0].output[0], 1) * c[1].size >= DEPTHWISE_MIN_FLOPS]
     if not candidates or not native.available():
         return 0
-    g = _Graph(model, inits)
-    removed: set[int] = set()
-    moved: dict[int, NodeProto] = {}
+    g, removed, moved, _ = _rewriting(model, inits)
     for node, kernel, b, window in candidates:
         pre = _pre_activation(g, node, producers, rows) if PRE_ACTIVATION else None
         padded = None if pre is not None else _zero_pad(g, node, producers)
