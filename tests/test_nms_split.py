@@ -93,6 +93,35 @@ def test_detector_sized_case_is_settled_by_the_compiled_prefix(whole_nms_calls: 
     assert split and len(got) == 400 and not whole_nms_calls
 
 
+def test_settled_hint_is_sliced_without_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host step takes a settled hint's rows itself (image.HOST_SHORTCUTS): no node runs
+    through the interpreter after the first call compiled the segments."""
+    from oxla.lowering.interpreter import Interpreter
+
+    rng = np.random.default_rng(5)
+    boxes = _boxes(rng, "boxes", (1, 300), 0)
+    scores = rng.random((1, 3, 300)).astype(np.float32)
+    model = nms_model(boxes, scores, 20, 0.5, 0.2)
+    sess = oxla.InferenceSession(model.SerializeToString())
+    feeds = {"boxes": boxes, "scores": scores}
+    first = sess.run(None, feeds)[0]
+    ran: list[str] = []
+    run_node = Interpreter.run_node
+
+    def counted(self: Interpreter, node: onnx.NodeProto, *args: Any, **kwargs: Any) -> None:
+        ran.append(node.op_type)
+        run_node(self, node, *args, **kwargs)
+
+    monkeypatch.setattr(Interpreter, "run_node", counted)
+    steps = sess._compiled.stats.host_steps
+    got = sess.run(None, feeds)[0]
+    want = onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got, first)
+    assert len(got) == 60 and ran == []
+    assert sess._compiled.stats.host_steps == steps + 1  # still counted as a host step
+
+
 def test_a_prefix_that_runs_out_falls_back_to_the_whole_nms(whole_nms_calls: list[int]) -> None:
     # the 100 best boxes are one box: the prefix keeps 1 of the 40 wanted, others remain
     boxes = np.tile(np.array([0, 0, 1, 1], np.float32), (300, 1))
