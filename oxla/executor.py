@@ -33,7 +33,6 @@ from oxla.errors import InputError, LoweringError, OxlaError, ResourceError, Sha
 from oxla.graph import canonical_domain
 from oxla.lowering.context import NeedStatic, Scope
 from oxla.lowering.interpreter import Interpreter
-from oxla.lowering.ops.image import HOST_SHORTCUTS
 from oxla.lowering.values import Value, is_static, to_static
 from oxla.lru import LRU, CacheInfo
 from oxla.native import CONV_TARGET, DEPTHWISE_TARGET, GEMM_TARGET
@@ -362,9 +361,11 @@ class Executor:
         with self._stats_lock:
             self._host_steps += 1
             self._host_nodes.add(node.name or node.op_type)
-        shortcut = HOST_SHORTCUTS.get((canonical_domain(node.domain), node.op_type))
-        if shortcut is not None and node.input and node.input[0] in env.traced:
-            outputs = shortcut(to_static(env.traced[node.input[0]]))
+        domain = canonical_domain(node.domain)
+        rule = plan.dispatch.get(domain, node.op_type, plan.opsets.get(domain, 0)).rule
+        if rule is not None and rule.host is not None and node.input \
+                and node.input[0] in env.traced:
+            outputs = rule.host(to_static(env.traced[node.input[0]]))
             if outputs is not None and len(outputs) == len(node.output):
                 for name, value in zip(node.output, outputs, strict=True):
                     if name:

@@ -94,7 +94,7 @@ def test_detector_sized_case_is_settled_by_the_compiled_prefix(whole_nms_calls: 
 
 
 def test_settled_hint_is_sliced_without_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The host step takes a settled hint's rows itself (image.HOST_SHORTCUTS): no node runs
+    """The host step takes a settled hint's rows itself (the rule's `host` shortcut): no node runs
     through the interpreter after the first call compiled the segments."""
     from oxla.lowering.interpreter import Interpreter
 

@@ -27,6 +27,9 @@ class Rule:
     static_all: bool                 # every input must be static (host ops)
     fold: bool                       # evaluate at trace time when every input is static
     attrs: dict[str, Any] = field(default_factory=dict)  # attribute name -> default
+    # a host step may call this first with the node's first input (concrete): the outputs, or
+    # None to run the rule as usual (no conversions, checks or context: for a cheap common case)
+    host: Callable[[Any], tuple[Any, ...] | None] | None = None
 
     def static_position(self, index: int) -> bool:
         if self.static_all:
@@ -70,13 +73,16 @@ def _describe(fn: RuleFn, static: Iterable[str]) -> tuple[tuple[str, ...], bool,
 
 
 def rule(op_type: str | Iterable[str], since: int, *, domain: str = "",
-         static: Iterable[str] = (), fold: bool = True) -> Callable[[RuleFn], RuleFn]:
+         static: Iterable[str] = (), fold: bool = True,
+         host: Callable[[Any], tuple[Any, ...] | None] | None = None
+         ) -> Callable[[RuleFn], RuleFn]:
     """Register `fn` as the lowering of `op_type` from opset `since` on.
 
     Inputs are positional parameters after `cx`; attributes are keyword-only parameters with the
     schema's spelling and defaults. `static` names inputs that must be known at trace time
     ("*" for all of them: host ops such as NonZero); `fold=False` for ops that must not be
-    evaluated at trace time even on constant inputs (random ops).
+    evaluated at trace time even on constant inputs (random ops); `host` (host ops) a shortcut the
+    executor's host step tries first (see Rule.host).
     """
     names = [op_type] if isinstance(op_type, str) else list(op_type)
 
@@ -84,7 +90,7 @@ def rule(op_type: str | Iterable[str], since: int, *, domain: str = "",
         inputs, variadic, positions, static_all, attrs = _describe(fn, static)
         for name in names:
             entry = Rule(canonical_domain(domain), name, since, fn, inputs, variadic,
-                         positions, static_all, fold, attrs)
+                         positions, static_all, fold, attrs, host)
             versions = _RULES.setdefault((entry.domain, name), [])
             if any(r.since == since for r in versions):
                 raise ValueError(f"two rules for {domain or 'ai.onnx'}::{name} since {since}")

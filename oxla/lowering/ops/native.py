@@ -80,6 +80,18 @@ def _check_window(cx, kernel, strides, pads, dilations) -> None:
                       f"this node was not made by oxla's planner")
 
 
+def _conv_window(cx, w, b, kernel_shape, strides, pads, dilations):
+    """A Conv*/Stem* node's checked window as ints ((kh, kw), (sh, sw), (pt, pl, pb, pr),
+    (dh, dw)), W packed for B."""
+    window = (kernel_shape, strides, pads, dilations)
+    if any(a is None for a in window) or [len(a) for a in window] != [2, 2, 4, 2]:
+        raise cx.fail("needs 2-D kernel_shape, strides, pads and dilations attributes, all given "
+                      "(NativeGemmPass writes them); this node was not made by oxla's planner")
+    _check_packed(cx, w, b)
+    _check_window(cx, kernel_shape, strides, pads, dilations)
+    return tuple(tuple(int(v) for v in a) for a in window)
+
+
 def _out_sizes(cx, x, kernel, strides, pads, dilations) -> tuple[int, int]:
     """(OH, OW) of a 2-D window over channels-last X, which must hold one window at least."""
     (kh, kw), (sh, sw), (pt, pl, pb, pr), (dh, dw) = kernel, strides, pads, dilations
@@ -124,16 +136,8 @@ def _gemm(cx, x, w, b, r, activation: str, lo: float = 0.0, hi: float = 0.0):
 def _conv(cx, x, w, b, r, activation: str, lo: float, hi: float, kernel_shape, strides, pads,
           dilations):
     n = b.shape[0]
-    window = (kernel_shape, strides, pads, dilations)
-    if any(a is None for a in window) or [len(a) for a in window] != [2, 2, 4, 2]:
-        raise cx.fail("needs 2-D kernel_shape, strides, pads and dilations attributes, all given "
-                      "(NativeGemmPass writes them); this node was not made by oxla's planner")
-    _check_packed(cx, w, b)
-    _check_window(cx, kernel_shape, strides, pads, dilations)
-    kh, kw = (int(k) for k in kernel_shape)
-    sh, sw = (int(v) for v in strides)
-    dh, dw = (int(v) for v in dilations)
-    pt, pl, pb, pr = (int(v) for v in pads)
+    (kh, kw), (sh, sw), (pt, pl, pb, pr), (dh, dw) = _conv_window(cx, w, b, kernel_shape, strides,
+                                                                  pads, dilations)
     c = w.shape[1] // (kh * kw)
     if x.ndim != 4 or x.shape[-1] != c or c * kh * kw != w.shape[1]:
         raise cx.shape_error(f"X {tuple(x.shape)} is not (N, H, W, {c}) as the {kh}x{kw} kernel "
@@ -170,16 +174,11 @@ def _stem(cx, x, w, b, activation: str, lo: float, hi: float, kernel_shape, stri
           dilations, out_pads):
     """Stem*: the convolution of channels-first X, channels-last Y (oxla's stem kernel), Y then
     zero padded by out_pads (ONNX Pad's pads for (N, H, W, C), zero on N and C)."""
-    window = (kernel_shape, strides, pads, dilations)
-    if any(a is None for a in window) or [len(a) for a in window] != [2, 2, 4, 2]:
-        raise cx.fail("needs 2-D kernel_shape, strides, pads and dilations attributes, all given "
-                      "(NativeGemmPass writes them); this node was not made by oxla's planner")
+    (kh, kw), (sh, sw), (pt, pl, pb, pr), (dh, dw) = _conv_window(cx, w, b, kernel_shape, strides,
+                                                                  pads, dilations)
     if x.ndim != 4:
         raise cx.shape_error(f"X {tuple(x.shape)} is not an (N, C, H, W) image; check the "
                              f"model's input")
-    _check_packed(cx, w, b)
-    _check_window(cx, kernel_shape, strides, pads, dilations)
-    kh, kw = (int(k) for k in kernel_shape)
     if x.shape[1] * kh * kw != w.shape[1]:
         raise cx.shape_error(f"X {tuple(x.shape)} does not have the {w.shape[1] // (kh * kw)} "
                              f"channels (axis 1) the {kh}x{kw} kernel reads; check the model's "
@@ -194,9 +193,6 @@ def _stem(cx, x, w, b, activation: str, lo: float, hi: float, kernel_shape, stri
         y = _conv(cx, last, w, b, None, activation, lo, hi, kernel_shape, strides, pads,
                   dilations)
         return jnp.pad(y, ((0, 0), (ot, ob), (ol, orr), (0, 0)))
-    sh, sw = (int(v) for v in strides)
-    dh, dw = (int(v) for v in dilations)
-    pt, pl, pb, pr = (int(v) for v in pads)
     oh, ow = _out_sizes(cx, last, (kh, kw), (sh, sw), (pt, pl, pb, pr), (dh, dw))
     out = jax.ShapeDtypeStruct((x.shape[0], ot + oh + ob, ol + ow + orr, b.shape[0]),
                                jnp.float32)
