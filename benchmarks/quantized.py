@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.run import SETTLE, model_path, write_results
+from benchmarks.run import SETTLE, model_path, wait_idle, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "benchmarks" / ".cache" / "ort_quant"
@@ -133,7 +133,9 @@ def bench(model: str, fmt: str, batch: int, runs: int) -> Result:
     block = max(3, runs // 8)  # blocks: onnxruntime's threads spin on after a call
     while len(times[0]) < runs:
         for i, r in enumerate(runners):
-            # each block's first SETTLE calls run but are not counted, on every side
+            # each block starts with the other runtimes' threads asleep, and its first SETTLE
+            # calls run but are not counted, on every side
+            wait_idle()
             times[i] += [_timed(r)[1] for _ in range(block + SETTLE)][SETTLE:]
     ms = [statistics.median(t) * 1e3 for t in times]
     return Result(f"{model}.{fmt}", batch, ms[0], ms[1], ms[2], first, _diff(got, want), _diff(got, want_default))

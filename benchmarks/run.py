@@ -33,6 +33,48 @@ CACHE = Path(__file__).resolve().parent / ".cache"
 # 18.1 ms alone; 23.9, 22.8, 18.6, 18.2 ms for the calls after onnxruntime's; onnxruntime 8.6 ms
 # alone, 10.4, 9.4, 8.9, 8.7 after oxla's)
 SETTLE = 2
+# That is not all: onnxruntime's pool threads spin on after its last call, one core busy for 40-55
+# ms (this process's other threads used 38-57 ms of CPU in the 100 ms after a block of the suite's
+# detector or VAD at default threads; none after oxla's), so the first 40-55 ms of the next
+# runtime's block ran on one core less. `wait_idle` after every block, on every side, lets each
+# block start with the process's other threads asleep, as a process running one runtime has them.
+IDLE_STEP = 0.01
+IDLE_LIMIT = 0.5
+
+
+def _others_cpu_ns() -> int | None:
+    """CPU time used so far by this process's threads other than the caller (Linux), or None."""
+    import threading
+
+    me, total = threading.get_native_id(), 0
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            if int(tid) != me:
+                try:
+                    with open(f"/proc/self/task/{tid}/schedstat") as f:
+                        total += int(f.read().split()[0])
+                except (FileNotFoundError, ProcessLookupError):  # the thread has just ended
+                    continue
+    except OSError:
+        return None
+    return total
+
+
+def wait_idle(limit: float = IDLE_LIMIT) -> float:
+    """Sleep until this process's other threads used no CPU for IDLE_STEP s (at most `limit` s;
+    a fixed 0.1 s where per-thread CPU times cannot be read). Returns the seconds waited."""
+    start = time.perf_counter()
+    before = _others_cpu_ns()
+    if before is None:
+        time.sleep(0.1)
+        return time.perf_counter() - start
+    while time.perf_counter() - start < limit:
+        time.sleep(IDLE_STEP)
+        now = _others_cpu_ns()
+        if now is None or now == before:
+            break
+        before = now
+    return time.perf_counter() - start
 
 
 @dataclass(frozen=True)

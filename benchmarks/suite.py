@@ -10,8 +10,10 @@ them. `1`: onnxruntime with intra_op_num_threads=1, XLA with --xla_cpu_multi_thr
 both pinned to one core with taskset. In the process: load both, time the first call (oxla
 compiles there), compare every output, then time the two in interleaved blocks (~0.2 s of calls
 each, at least 3) until each side has had --seconds of calls (at least 5 blocks); a latency is
-the median of the per-call times. The first two calls of every block run but are not counted,
-on both sides: right after the other runtime has run, each takes two calls to settle. The geomean of oxla/onnxruntime is reported per thread setting.
+the median of the per-call times. Every block starts once the process's other threads have
+stopped using CPU (`benchmarks.run.wait_idle`: onnxruntime's pool threads spin for 40-55 ms after
+its last call), and its first two calls run but are not counted, on both sides. The geomean of
+oxla/onnxruntime is reported per thread setting.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.overhead import time_block
-from benchmarks.run import SETTLE
+from benchmarks.run import SETTLE, wait_idle
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE_DIR = ROOT / "benchmarks" / ".cache" / "suite"
@@ -94,7 +96,7 @@ def _compare(got: list[Any], want: list[Any]) -> tuple[float, float]:
     return diff, rel
 
 
-def measure(name: str, threads: int, seconds: float) -> Row:
+def measure(name: str, threads: int, seconds: float, idle: bool = True) -> Row:
     """One model in this process: load, first call, agreement, then interleaved timing."""
     import onnxruntime as ort
 
@@ -127,16 +129,19 @@ def measure(name: str, threads: int, seconds: float) -> Row:
     rounds = 0
     while rounds < 5 or min(sum(t) for t in times.values()) < seconds:
         for key, fn in calls.items():
-            # the first SETTLE calls of a block are not counted, on either side
+            # the first SETTLE calls of a block are not counted, on either side; every block
+            # starts with the other runtime's threads asleep (wait_idle)
+            if idle:
+                wait_idle()
             times[key] += time_block(fn, block + SETTLE)[SETTLE:]
         rounds += 1
     return Row(name, threads, statistics.median(times["oxla"]) * 1e3, statistics.median(times["ort"]) * 1e3,
                oxla_load, oxla_first, ort_first, diff, rel, len(times["oxla"]))
 
 
-def _child(name: str, threads: int, seconds: float) -> Row | str:
+def _child(name: str, threads: int, seconds: float, idle: bool = True) -> Row | str:
     cmd = [sys.executable, "-m", "benchmarks.suite", "--one", name, "--threads", str(threads),
-           "--seconds", str(seconds)]
+           "--seconds", str(seconds), *([] if idle else ["--no-wait-idle"])]
     env = dict(os.environ)
     if threads == 1:
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
@@ -192,11 +197,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", default="default,1", help="thread settings: default and/or 1")
     parser.add_argument("--seconds", type=float, default=2.0, help="timed calls per side and model")
     parser.add_argument("--write", help="write the table into this markdown file's 'Benchmark suite' section")
+    parser.add_argument("--no-wait-idle", dest="idle", action="store_false",
+                        help="start each block right after the other runtime's (its spinning threads "
+                             "still running): the protocol before the fifteenth round")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     settings = [0 if t == "default" else int(t) for t in args.threads.split(",") if t]
     if args.one:
-        print(json.dumps(asdict(measure(args.one, settings[0], args.seconds))))
+        print(json.dumps(asdict(measure(args.one, settings[0], args.seconds, args.idle))))
         return 0
     names = [n for n in args.models.split(",") if n]
     unknown = [n for n in names if n not in MODELS]
@@ -210,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     for name in names:
         for t in settings:
-            r = _child(name, t, args.seconds)
+            r = _child(name, t, args.seconds, args.idle)
             where = "default threads" if t == 0 else f"{t} thread"
             if isinstance(r, str):
                 failures[(name, t)] = r
@@ -228,9 +236,10 @@ def main(argv: list[str] | None = None) -> int:
 
         write_results(args.write, "Benchmark suite", "suite", argv,
                       "Models from `scripts/export_bench_models.py` (random weights, seed 0, batch 1). "
-                      "Medians of per-call times over interleaved blocks (each block's first two calls, "
-                      "which run while the cores settle from the other runtime, not counted), "
-                      "each model and thread "
+                      "Medians of per-call times over interleaved blocks ("
+                      + ("each started once the other runtime's threads sleep, " if args.idle else
+                         "each started right after the other runtime's, ")
+                      + "its first two calls not counted), each model and thread "
                       f"setting in its own process; `1 thread` pins both runtimes to one core; {load}.",
                       text)
     return 0
