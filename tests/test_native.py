@@ -326,6 +326,7 @@ def _conv_call(x, hwio, b, r, act, threads, strides, pads, dilations):
     (1, 6, 6, 4, 8, 7, 7, (1, 1), (3, 3, 3, 3), (1, 1)),       # kernel wider than X
     (1, 5, 5, 8, 8, 1, 1, (2, 2), (0, 0, 0, 0), (1, 1)),       # strided 1x1
     (1, 7, 7, 160, 200, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),   # W over 1 MB: rows held longer
+    (1, 5, 6, 300, 45, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),    # K 2700: summed in K blocks
     (1, 3, 3, 5, 7, 3, 3, (1, 1), (0, 0, 0, 0), (1, 1)),       # one output pixel
     (1, 4, 4, 0, 8, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),       # no channels: the bias alone
 ])
@@ -343,9 +344,10 @@ def test_conv_kernel_matches_float64(case: tuple, threads: int) -> None:
 
 @needs_kernel
 @pytest.mark.parametrize("act", ["", "Relu", "Clip", "Silu", "HardSwish"])
-def test_conv_epilogues(act: str) -> None:
-    x = RNG.standard_normal((1, 10, 9, 12)).astype(np.float32)
-    hwio = (RNG.standard_normal((3, 3, 12, 20)) / 10).astype(np.float32)
+@pytest.mark.parametrize("channels", [12, 290])  # 290: K 2610, the epilogue after the last K block
+def test_conv_epilogues(act: str, channels: int) -> None:
+    x = RNG.standard_normal((1, 10, 9, channels)).astype(np.float32)
+    hwio = (RNG.standard_normal((3, 3, channels, 20)) / (3 * channels ** 0.5)).astype(np.float32)
     b = RNG.standard_normal(20).astype(np.float32)
     r = RNG.standard_normal((1, 5, 5, 20)).astype(np.float32)
     for threads in (1, 2):
