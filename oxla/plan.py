@@ -104,6 +104,8 @@ def prepare(model: ModelProto, options: Options) -> DispatchTable:
                 convs_to_winograd(model)
                 if options.native_threads:
                     convs_to_native(model)
+                elif options.native_convs:  # one core: the kernels on one thread
+                    convs_to_native(model, beside_depthwise=False)
     split_non_max_suppression(model)
     return table
 

@@ -132,7 +132,8 @@ class InferenceSession:
             device = single_thread_device() or device  # a CPU client whose pool has one thread
         self._device = None if device == jax.devices()[0] else device
         bake_weights, cache_size, memory_limit = self._build_options
-        # oxla's convolution kernels gain from the pool's threads only (on one core XLA's win)
+        # oxla's depthwise kernel and the convolutions beside one gain from the pool's threads
+        # only (on one core XLA's win); the other convolutions run on the kernels on one core too
         usable = (threads if threads > 0 else cores()) if device.platform == "cpu" else 0
         native = usable if usable > 1 else 0
         # the GRU/LSTM loops also run on one core (for batches: rnn.py's _native_loop), and on
@@ -140,7 +141,7 @@ class InferenceSession:
         options = Options(bake_weights=bake_weights, layout_weights=True, memory_limit=memory_limit,
                           native_threads=native, native_recurrent=usable,
                           native_matmul=NATIVE_MATMUL_ONE_CORE and usable == 1,
-                          native_stems=usable > 0)
+                          native_stems=usable > 0, native_convs=usable == 1)
         with self._on_device():
             model = ModelProto()
             model.CopyFrom(self._model)

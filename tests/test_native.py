@@ -181,19 +181,58 @@ def test_pass_folds_epilogues_and_agrees_with_onnxruntime(monkeypatch: pytest.Mo
 
 
 @needs_kernel
-def test_small_products_and_one_core_stay_xla() -> None:
+def test_small_products_stay_xla_and_one_core_sessions_plan_one_thread() -> None:
     # 2 * 784 * 32 * 64 flops: under MIN_FLOPS
     assert not [n for n in _planned(_net(28)).graph.node if n.domain == native_rule.DOMAIN]
     assert [n for n in _planned(_net(112)).graph.node if n.domain == native_rule.DOMAIN]
     assert not [n for n in _planned(_net(112), threads=0).graph.node if n.domain == native_rule.DOMAIN]
-    session = oxla.InferenceSession(_net(112).SerializeToString(),
-                                    ort.SessionOptions() if cpu_client.cores() > 1 else None)
+    data = _net(112).SerializeToString()
+    session = oxla.InferenceSession(data, ort.SessionOptions() if cpu_client.cores() > 1 else None)
     one = ort.SessionOptions()
     one.intra_op_num_threads = 1
-    single = oxla.InferenceSession(_net(112).SerializeToString(), one)
-    assert not [n for n in single.compiled.plan.nodes if n.domain == native_rule.DOMAIN]
+    single = oxla.InferenceSession(data, one)
+    planned = [n for n in single.compiled.plan.nodes if n.domain == native_rule.DOMAIN]
+    assert planned and single.compiled.options.native_threads == 0  # the kernels' one thread
+    x = RNG.standard_normal((1, 32, 112, 112)).astype(np.float32)
+    np.testing.assert_allclose(single.run(None, {"x": x})[0], session.run(None, {"x": x})[0],
+                               rtol=1e-4, atol=1e-4)
     if cpu_client.cores() > 1:
         assert [n for n in session.compiled.plan.nodes if n.domain == native_rule.DOMAIN]
+
+
+def _mobile_block(size: int = 56) -> onnx.ModelProto:
+    """1x1 expansion -> Relu -> 3x3 depthwise -> Relu -> 1x1 projection -> 1x1 head: only the
+    head is beside no depthwise convolution."""
+    inits: list[onnx.TensorProto] = []
+
+    def conv(name: str, x: str, cin: int, cout: int, k: int = 1, group: int = 1) -> onnx.NodeProto:
+        inits.append(numpy_helper.from_array(
+            (RNG.standard_normal((cout, cin // group, k, k)) / np.sqrt(cin * k * k / group)
+             ).astype(np.float32), f"{name}_w"))
+        inits.append(numpy_helper.from_array(RNG.standard_normal(cout).astype(np.float32), f"{name}_b"))
+        return helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [name], kernel_shape=[k, k],
+                                pads=[k // 2] * 4, group=group)
+
+    nodes = [conv("e", "x", 64, 192), helper.make_node("Relu", ["e"], ["e_r"]),
+             conv("d", "e_r", 192, 192, 3, 192), helper.make_node("Relu", ["d"], ["d_r"]),
+             conv("p", "d_r", 192, 64), conv("h", "p", 64, 128)]
+    return _model(nodes, (1, 64, size, size), {"h": (1, 128, size, size)}, inits)
+
+
+@needs_kernel
+def test_one_core_keeps_convolutions_beside_a_depthwise_one_xla() -> None:
+    """On one core the convolutions a depthwise one reads or made stay XLA's; with several
+    threads all four products are native."""
+    model = _mobile_block()
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    one = oxla.CompiledModel(copy, Options(layout_weights=True, native_convs=True)).model
+    native_nodes = [n for n in one.graph.node if n.domain == native_rule.DOMAIN]
+    assert len(native_nodes) == 1 and native_nodes[0].output[0].startswith("h_")
+    assert len([n for n in _planned(model).graph.node
+                if n.domain == native_rule.DOMAIN and not n.op_type.startswith("Depthwise")]) == 3
+    x = RNG.standard_normal((1, 64, 56, 56)).astype(np.float32)
+    _agrees(model, one, x)
 
 
 @needs_kernel

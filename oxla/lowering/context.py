@@ -30,6 +30,8 @@ class Options:
     native_recurrent: int = 0        # GRU/LSTM loops on oxla's kernel, on this many threads (0: off)
     native_matmul: bool = False      # MatMuls by constant matrices on oxla's GEMM (one-core sessions)
     native_stems: bool = False       # with channels_last: image stems on oxla's stem kernel (CPU)
+    native_convs: bool = False       # with channels_last: convolutions not beside a depthwise one on
+                                     # oxla's kernels even on one core (native_threads 0)
 
 
 class NeedStatic(Exception):
