@@ -161,7 +161,9 @@ def bench(key: str, batch: int, runs: int, bake: bool, ort_sess: Any = None) -> 
     ort_times: list[float] = []
     block = max(1, runs // 8)  # blocks, not single alternation: onnxruntime's threads spin on
     while len(ox_times) < runs:  # after a call and would steal the cores from the next oxla call
+        wait_idle()  # each block starts with the other runtime's threads asleep
         ox_times += [_timed(lambda: sess.run(None, feeds))[1] for _ in range(block)]
+        wait_idle()
         ort_times += [_timed(lambda: ort_sess.run(None, feeds))[1] for _ in range(block)]
     # largest difference relative to the output's scale (random-weight logits can be large)
     diff = max(float(np.max(np.abs(np.asarray(g) - np.asarray(w))) / max(np.max(np.abs(w)), 1e-30))
