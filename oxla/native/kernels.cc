@@ -233,13 +233,12 @@ inline void tile_direct(int64_t K, const float* __restrict A, int64_t lda,
   store_tile<R, NV, MASK>(c0, c1, C, ldc, bias, m0, m1);
 }
 
-// One micro-tile, rows packed as (K, R) (Ap's rows `lda` apart): the same product.
-template <int R, int NV, bool MASK, bool ACC>
-inline void tile_packed(int64_t K, const float* __restrict Ap, int64_t lda,
-                        const float* __restrict Bp, float* C, int64_t ldc, const float* bias,
-                        Mask m0, Mask m1) {
+// One micro-tile, rows packed as (K, R), all of K: C[0:R, 0:nc] = the same product + bias.
+template <int R, int NV, bool MASK>
+inline void tile_packed(int64_t K, const float* __restrict Ap, const float* __restrict Bp,
+                        float* C, int64_t ldc, const float* bias, Mask m0, Mask m1) {
   V c0[R], c1[R];
-  tile_start<R, NV, MASK, ACC>(c0, c1, C, ldc, m0, m1);
+  tile_start<R, NV, MASK, false>(c0, c1, C, ldc, m0, m1);
   for (int64_t k = 0; k < K; ++k) {
     V b0 = v_load(Bp);
     V b1 = NV == 2 ? v_load(Bp + L) : b0;
@@ -249,7 +248,7 @@ inline void tile_packed(int64_t K, const float* __restrict Ap, int64_t lda,
       c0[i] = v_fma(a, b0, c0[i]);
       if (NV == 2) c1[i] = v_fma(a, b1, c1[i]);
     }
-    Ap += lda;
+    Ap += R;
     Bp += NR;
   }
   store_tile<R, NV, MASK>(c0, c1, C, ldc, bias, m0, m1);
@@ -295,12 +294,12 @@ void direct_rows(int r, int64_t K, const float* A, int64_t lda, const float* Bp,
   }
 }
 
-template <int NV, bool MASK, bool ACC>
+template <int NV, bool MASK>
 void packed_rows(int r, int64_t K, const float* Ap, const float* Bp, float* C, int64_t ldc,
                  const float* bias, Mask m0, Mask m1) {
   switch (r) {
 #define OXLA_R(n) \
-  case n: if constexpr (n <= MR) tile_packed<n, NV, MASK, ACC>(K, Ap, r, Bp, C, ldc, bias, m0, m1); break;
+  case n: if constexpr (n <= MR) tile_packed<n, NV, MASK>(K, Ap, Bp, C, ldc, bias, m0, m1); break;
     OXLA_R(1) OXLA_R(2) OXLA_R(3) OXLA_R(4) OXLA_R(5) OXLA_R(6)
     OXLA_R(7) OXLA_R(8) OXLA_R(9) OXLA_R(10) OXLA_R(11) OXLA_R(12)
 #undef OXLA_R
@@ -331,33 +330,31 @@ inline KBlock k_block(int64_t K, int64_t blocks, int64_t i) {
 alignas(64) const float ZEROS[TC] = {};
 
 // Rows [r0, r0 + r) of C times panel q over the terms of K block kb, A read in place (ap ==
-// nullptr: a rows of lda) or packed (ap: (K, r)): the first block stores the product + bias,
-// later ones add theirs, the last finishes with residual and activation. The panel's columns go
-// in tiles of TC (one on AVX-512, two on AVX2), each under its own lane masks.
+// nullptr: a rows of lda) or packed (ap: (K, r); the GEMM's, whole K only): the first block
+// stores the product + bias, later ones add theirs, the last finishes with residual and
+// activation. The panel's columns go in tiles of TC (one on AVX-512, two on AVX2), each under
+// its own lane masks.
 void tile_rows(int r, int64_t K, const KBlock& kb, const float* a, int64_t lda, const float* ap,
                const float* Bp, const Panel& q, const float* bias, float* c, int64_t ldc,
                const float* residual, int64_t act, float lo, float hi) {
   int64_t kn = kb.kn;
-  if (ap == nullptr) a += kb.k0;
-  else ap += kb.k0 * r;
+  a += kb.k0;
   for (int64_t s = 0; s < q.nc; s += TC) {
     int64_t nc = q.nc - s < TC ? q.nc - s : TC;
     const float* bp = Bp + q.n0 * K + kb.k0 * NR + s;
     const float* bs = kb.first ? bias + q.n0 + s : ZEROS;
     float* cs = c + q.n0 + s;
     Mask m0 = lanes(nc), m1 = lanes(nc - L);
-#define OXLA_ROWS(KIND, ACC, ...)                                                             \
-  if (nc == TC) KIND##_rows<2, false, ACC>(r, kn, __VA_ARGS__, bp, cs, ldc, bs, m0, m1);      \
-  else if (nc > L) KIND##_rows<2, true, ACC>(r, kn, __VA_ARGS__, bp, cs, ldc, bs, m0, m1);    \
-  else if (nc == L) KIND##_rows<1, false, ACC>(r, kn, __VA_ARGS__, bp, cs, ldc, bs, m0, m1);  \
-  else KIND##_rows<1, true, ACC>(r, kn, __VA_ARGS__, bp, cs, ldc, bs, m0, m1);
-    if (ap == nullptr) {
-      if (kb.first) { OXLA_ROWS(direct, false, a, lda) }
-      else { OXLA_ROWS(direct, true, a, lda) }
-    } else {
-      if (kb.first) { OXLA_ROWS(packed, false, ap) }
-      else { OXLA_ROWS(packed, true, ap) }
-    }
+#define OXLA_ROWS(KIND, ACC, ...)                                                            \
+  if (nc == TC) KIND##_rows<2, false ACC>(r, kn, __VA_ARGS__, bp, cs, ldc, bs, m0, m1);      \
+  else if (nc > L) KIND##_rows<2, true ACC>(r, kn, __VA_ARGS__, bp, cs, ldc, bs, m0, m1);    \
+  else if (nc == L) KIND##_rows<1, false ACC>(r, kn, __VA_ARGS__, bp, cs, ldc, bs, m0, m1);  \
+  else KIND##_rows<1, true ACC>(r, kn, __VA_ARGS__, bp, cs, ldc, bs, m0, m1);
+#define OXLA_ACC(x) , x
+    if (ap != nullptr) { OXLA_ROWS(packed, , ap) }
+    else if (kb.first) { OXLA_ROWS(direct, OXLA_ACC(false), a, lda) }
+    else { OXLA_ROWS(direct, OXLA_ACC(true), a, lda) }
+#undef OXLA_ACC
 #undef OXLA_ROWS
   }
   if (!kb.last) return;

@@ -393,16 +393,12 @@ def convs_to_native(model: ModelProto, beside_depthwise: bool = True) -> int:
     candidates = [c for c in candidates if c[0].input[0] not in pooled
                   and 2 * rows.get(c[0].output[0], rows.get(c[0].input[0], 1)) * c[1].size
                   >= MIN_FLOPS]
-    if not beside_depthwise:
-        readers: dict[str, list[NodeProto]] = {}
-        for n in graph.node:
-            for i in n.input:
-                readers.setdefault(i, []).append(n)
-        candidates = [c for c in candidates if not _beside_depthwise(c[0], producers, readers)]
-    if not candidates or not native.available():  # built (first use) only for a model that needs it
-        return 0
     # packed: an OIHW initializer read by several convolutions is packed once
     g, removed, moved, packed = _rewriting(model, inits)
+    if not beside_depthwise:
+        candidates = [c for c in candidates if not _beside_depthwise(c[0], producers, g.readers)]
+    if not candidates or not native.available():  # built (first use) only for a model that needs it
+        return 0
     count = 0
     for node, kernel, names, b, window in candidates:
         bias = np.zeros(kernel.shape[1], np.float32) if b is None else b
