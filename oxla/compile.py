@@ -93,8 +93,9 @@ class CompiledModel:
 
     # --- running ------------------------------------------------------------------------------
 
-    def __call__(self, inputs: Mapping[str, Any]) -> dict[str, Value]:
+    def __call__(self, inputs: Mapping[str, Any], host: bool = False) -> dict[str, Value]:
         """Run the model on concrete inputs; compiles (and caches) what this signature needs.
+        With `host`, outputs may come back as numpy arrays (read-only, as JAX's are).
 
         Raises:
             InputError: `inputs` is not a dict of input name -> value.
@@ -102,12 +103,13 @@ class CompiledModel:
         if not isinstance(inputs, Mapping):
             raise InputError(f"inputs must be a dict of input name -> array, got "
                              f"{type(inputs).__name__}; the model's inputs are {self.input_names}")
-        return self._executor.run(inputs)
+        return self._executor.run(inputs, host)
 
-    def run_fast(self, values: list[Any]) -> Sequence[Value] | None:
+    def run_fast(self, values: list[Any], host: bool = False) -> Sequence[Value] | None:
         """Outputs in graph order for array feeds given in `input_names` order, when this
-        signature is already compiled as one computation; None otherwise (then call the model)."""
-        return self._executor.run_fast(values)
+        signature is already compiled as one computation; None otherwise (then call the model).
+        With `host`, outputs may come back as numpy arrays (read-only, as JAX's are)."""
+        return self._executor.run_fast(values, host)
 
     @property
     def stats(self) -> RunStats:

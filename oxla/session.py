@@ -153,6 +153,9 @@ class InferenceSession:
         self._outputs = list(graph.output)
         self._output_index = {name: i for i, name in enumerate(self._compiled.output_names)}
         self._fast = tuple(_fast_check(i) for i in self._inputs)
+        # every input's shape fixed: a numpy feed matches on (dtype, shape) alone
+        self._static = tuple((name, dtype, tuple(d for _, d in dims)) for name, dtype, rank, dims
+                             in self._fast) if all(len(f[3]) == f[2] for f in self._fast) else None
 
     def _on_device(self) -> Any:
         return contextlib.nullcontext() if self._device is None else jax.default_device(self._device)
@@ -228,10 +231,11 @@ class InferenceSession:
         host = to_host if not getattr(run_options, "device_outputs", False) else _keep
         values = self._fast_feeds(input_feed)
         if values is not None and host is to_host:
-            outs = self._compiled.run_fast(values)
+            outs = self._compiled.run_fast(values, host=True)
             if outs is not None:
                 if not output_names:
-                    return [np.asarray(v) if isinstance(v, jax.Array) else to_host(v) for v in outs]
+                    return [v if type(v) is np.ndarray else np.asarray(v) if isinstance(v, jax.Array)
+                            else to_host(v) for v in outs]
                 return [to_host(outs[self._index(n)]) for n in output_names]
         # plain feeds that matched their declarations exactly need no second check
         feeds = self._check_feeds(input_feed) if values is None else \
@@ -239,7 +243,7 @@ class InferenceSession:
         wanted = list(output_names) if output_names else self._compiled.output_names
         for name in wanted:
             self._index(name)
-        results = self._compiled(feeds)
+        results = self._compiled(feeds, host=host is to_host)
         return [host(results[n]) for n in wanted]
 
     def _index(self, name: str) -> int:
@@ -253,6 +257,15 @@ class InferenceSession:
         """The feeds in input order when each is an array matching its declaration exactly."""
         if not isinstance(feed, dict) or len(feed) != len(self._fast):
             return None
+        if self._static is not None:  # the common case in one pass; anything else: the loop below
+            arrays: list[Any] = []
+            for name, dtype, shape in self._static:
+                value = feed.get(name)
+                if type(value) is not np.ndarray or value.dtype != dtype or value.shape != shape:
+                    break
+                arrays.append(value)
+            else:
+                return arrays
         values = []
         for name, dtype, rank, dims in self._fast:
             value = feed.get(name)
