@@ -154,6 +154,39 @@ def test_pass_reads_the_image_and_writes_the_next_pads(monkeypatch: pytest.Monke
     _agrees(model, planned, RNG.standard_normal((1, 3, 32, 32)).astype(np.float32))
 
 
+def _stem_pool_net(act: str) -> onnx.ModelProto:
+    """ResNet's entry: a 3-channel stem (3x3 stride 2 here), its activation, a 3x3/2 MaxPool
+    padded by 1, then a 1x1 Conv."""
+    inits = [numpy_helper.from_array((RNG.standard_normal((16, 3, 3, 3)) / 5).astype(np.float32), "w"),
+             numpy_helper.from_array(RNG.standard_normal(16).astype(np.float32), "b"),
+             numpy_helper.from_array((RNG.standard_normal((8, 16, 1, 1)) / 3).astype(np.float32), "pw")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["s"], kernel_shape=[3, 3], strides=[2, 2],
+                              pads=[1, 1, 1, 1]),
+             helper.make_node(act, ["s"], ["a"]),
+             helper.make_node("MaxPool", ["a"], ["p"], kernel_shape=[3, 3], strides=[2, 2],
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["p", "pw"], ["y"], kernel_shape=[1, 1])]
+    return _model(nodes, (1, 3, 32, 32), {"y": (1, 8, 8, 8)}, inits)
+
+
+@needs_kernel
+@pytest.mark.parametrize(("act", "border"), [("Relu", True), ("HardSwish", False)])
+def test_relu_stem_writes_the_max_pools_border(monkeypatch: pytest.MonkeyPatch, act: str,
+                                               border: bool) -> None:
+    """After a ReLU zeros pad a MaxPool as -inf does: the stem writes the pool's border and the
+    pool pads nothing. Not after an activation that goes below zero."""
+    monkeypatch.setattr(native_gemm, "STEM_MIN_FLOPS", 0.0)
+    model = _stem_pool_net(act)
+    planned = _planned(model)
+    stem = _node(planned, "Stem" + act)
+    pool = _node(planned, "MaxPool")
+    pads = {a.name: list(a.ints) for a in stem.attribute}["out_pads"]
+    assert pads == ([0, 1, 1, 0, 0, 1, 1, 0] if border else [0] * 8)
+    assert {a.name: list(a.ints) for a in pool.attribute}["pads"] == ([0] * 4 if border else [1] * 4)
+    image = RNG.standard_normal((1, 3, 32, 32)).astype(np.float32) - 2.0  # many negative sums
+    _agrees(model, planned, image)
+
+
 @needs_kernel
 def test_shared_output_keeps_its_shape(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(native_gemm, "STEM_MIN_FLOPS", 0.0)

@@ -464,22 +464,40 @@ def stems_to_native(model: ModelProto) -> int:
         inputs = [image, *_weights(graph, packed, names[-1], kernel, node, bias),
                   *(fold.bounds or ())]
         _rewrite(g, node, op_type(False, fold.activation, "Stem"), inputs,
-                 {**window, "out_pads": _take_pads(g, fold.output)}, fold, removed, moved)
+                 {**window, "out_pads": _take_pads(g, fold.output, fold.activation == "Relu")},
+                 fold, removed, moved)
     _finish(model, opsets, removed, moved)
     return len(candidates)
 
 
-def _take_pads(g: _Graph, y: str) -> list[int]:
+# A ReLU stem's zero border also serves the MaxPool that alone reads it (ResNet's, ShuffleNet's
+# 3x3/2 pool after the stem): past a ReLU every window's maximum is at least 0, so zeros pad as
+# -inf does, and the pool reads the border instead of padding a copy of the stem's output.
+STEM_POOL_PADS = True
+
+
+def _take_pads(g: _Graph, y: str, nonnegative: bool = False) -> list[int]:
     """The zero border a stem writes around its output `y` (ONNX Pad's pads of (N, H, W, C)):
     the explicit pads of the channels-last Conv that alone reads y, which then reads it unpadded
-    (XLA had fused that pad into the stem's loop; after the kernel it is a pass of its own)."""
+    (XLA had fused that pad into the stem's loop; after the kernel it is a pass of its own), or,
+    where y is `nonnegative`, of the channels-last MaxPool that alone reads it (one output,
+    floor mode, no dilation; its windows all hold a value of y: pads below the kernel)."""
     none = [0] * 8
     readers = g.readers.get(y, [])
     conv = readers[0] if len(readers) == 1 and y not in g.outputs else None
-    if conv is None or conv.op_type != "Conv" or conv.domain != LAST or conv.input[0] != y:
+    if conv is None or conv.domain != LAST or conv.input[0] != y:
         return none
     attrs = {a.name: attribute_value(a) for a in conv.attribute}
     pads = [int(v) for v in attrs.get("pads", ())]
+    if conv.op_type == "MaxPool":
+        kernel = [int(v) for v in attrs.get("kernel_shape", ())]
+        if not (STEM_POOL_PADS and nonnegative) or (len(conv.output) > 1 and conv.output[1]) \
+                or attrs.get("ceil_mode", 0) or any(int(d) != 1 for d in attrs.get("dilations", ())) \
+                or attrs.get("storage_order", 0) or len(kernel) != 2 or len(pads) != 4 \
+                or any(p >= kernel[i % 2] for i, p in enumerate(pads)):
+            return none
+    elif conv.op_type != "Conv":
+        return none
     if attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "") or len(pads) != 4 \
             or min(pads) < 0 or max(pads) == 0:
         return none
