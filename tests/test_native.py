@@ -451,6 +451,18 @@ def test_pass_takes_convolutions_and_agrees_with_onnxruntime(monkeypatch: pytest
     _agrees(model, planned, RNG.standard_normal((1, 3, 20, 20)).astype(np.float32))  # Conv between transposes
 
 
+@needs_kernel
+def test_small_convolutions_go_to_the_kernel_small_pointwise_ones_stay_xla() -> None:
+    """Under MIN_FLOPS a 1x1 convolution stays XLA's dot (fused with its neighbours) while a 3x3
+    one goes to the kernel at any size (CONV_MIN_FLOPS): XLA's forms of small ones cost more."""
+    model = _conv_net()  # 20x20: every convolution far under 2e7 flops
+    planned = _planned(model)
+    kinds = [n.op_type for n in planned.graph.node if n.domain == native_rule.DOMAIN]
+    assert kinds == ["ConvRelu", "ConvHardSwish", "ConvAddRelu"]
+    assert [n.op_type for n in planned.graph.node if n.op_type == "Conv"] == ["Conv", "Conv"]
+    _agrees(model, planned, RNG.standard_normal((1, 3, 20, 20)).astype(np.float32))
+
+
 def same_without_kernel(monkeypatch: pytest.MonkeyPatch, model: onnx.ModelProto, x: np.ndarray,
                         op: str) -> None:
     """A session plans `op` for `model`; traced where the kernel cannot be used (it became

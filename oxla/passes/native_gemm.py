@@ -97,6 +97,15 @@ MIN_OPSET = 11  # the function bodies' Slice and Clip read their bounds as input
 # with every 1x1 convolution native against 1.77 / 1.61 ms without; with this bound 1.64 / 1.63
 # against 1.64 / 1.63; EfficientNet-B0 keeps most of its gain (7.53 / 7.44 against 7.87 / 7.79).
 MIN_FLOPS = 2e7
+# Convolutions other than 1x1 go to the kernel at any size: XLA's forms of a small one are worse
+# than an FFI call. Its own convolution ran the shipped resnet_small 1.35-1.61x slower than the
+# im2col dot (`dot_last`: ~10 kernels a convolution, windows, their concatenation and the dot),
+# and the kernel took 0.52-0.75x the dot's time: sessions with and without, onnxruntime's blocks
+# interleaved, batch 1 / 4 at default threads 0.517 / 0.718, batch 4 at one thread 0.751; the
+# tf2onnx CNN (8x8 images) 0.897, the Paddle CNN with squeeze-excitation 0.982. At 1e5 flops
+# (smaller ones XLA's) 0.645, 0.953, 0.977. In the suite only one of the DBNet-style segmenter's
+# convolutions is under 2e7 flops (1.006, noise).
+CONV_MIN_FLOPS = 0.0
 # matmuls_to_native: K and N at least this. One core, the kernel against XLA's (Eigen's) dot:
 # BERT-base's 128x768x3072, 128x3072x768, 128x768x768 0.89-0.93x the time, ViT-S/16's
 # 197x384x1536, 197x1536x384 1.00-1.03x; in the models BERT-base 0.81x, ViT-S/16 1.07x with
@@ -392,7 +401,7 @@ def convs_to_native(model: ModelProto, beside_depthwise: bool = True) -> int:
     pooled = _pooled_values(graph.node)
     candidates = [c for c in candidates if c[0].input[0] not in pooled
                   and 2 * rows.get(c[0].output[0], rows.get(c[0].input[0], 1)) * c[1].size
-                  >= MIN_FLOPS]
+                  >= (MIN_FLOPS if c[4] is None else CONV_MIN_FLOPS)]
     # packed: an OIHW initializer read by several convolutions is packed once
     g, removed, moved, packed = _rewriting(model, inits)
     if not beside_depthwise:
