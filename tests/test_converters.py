@@ -86,3 +86,17 @@ def test_converter_model_agrees_with_onnxruntime(name: str) -> None:
     got = oxla.InferenceSession(str(path)).run(None, feeds)
     for out, g, w in zip(model.graph.output, got, want):
         _same(g, w, f"{name} output {out.name}")
+
+
+def test_a_small_stem_is_computed_once_not_per_read() -> None:
+    """XLA's stem form (multiply-adds over a few input channels) ends in an optimization barrier:
+    fused into the Keras model's MaxPool and Resizes it was recomputed for every read (0.82 ms a
+    call against 0.13 ms; conv_forms.STEM_BARRIER)."""
+    import jax
+
+    model = oxla.InferenceSession(str(MODELS / "keras_cnn_upsampling.onnx")).compiled
+    feeds = {"x": RNG.standard_normal((4, 8, 8, 3)).astype(np.float32)}
+    with oxla.x64():
+        text = jax.jit(model.fn).lower(model.params, feeds).as_text()
+    # both convolutions take that form: the 3x3 over 3 channels and the 1x1 over 4
+    assert text.count("optimization_barrier") == 2

@@ -54,6 +54,14 @@ IM2COL_ELEMENTS = 1 << 19
 # EfficientNet-B0 15.32 -> 15.10 and 15.02 -> 14.83.
 STEM_CHANNELS = 4
 STEM_TAPS_TERMS = 100
+# The stem's sum is materialized (an optimization barrier): as a loop of multiply-adds XLA fused it
+# into readers that read each value several times and recomputed it per read. The tf2onnx CNN
+# (stem, ReLU, MaxPool, Tile upsampling, linear and nearest Resize, 8x8 images at batch 4) ran
+# one fusion that recomputed the stem per output: 0.82 -> 0.13 ms with the barrier (onnxruntime
+# 0.12). Sessions with and without it, onnxruntime's blocks interleaved: the Paddle resize model
+# (a 4-channel Conv) 0.856, the shipped mobilenet_small 0.911 and resnet_small 0.982 (batch 1); with
+# native stems off, where every stem takes this form, MobileNetV3-small 1.012, the detector 0.944.
+STEM_BARRIER = True
 # `taps_last` sums all of a depthwise kernel's taps in one loop over (pixel, channel): per pixel it
 # reads prod(K) windows and weight rows of C channels each. Past this many bytes (about the L1
 # data cache, 48 KiB here) they no longer stay cached from one pixel to the next, and one loop per
@@ -332,7 +340,8 @@ def stem_taps_last(x: Any, w: Any, strides: Sequence[int], padding: Pads,
             terms.extend(win[..., i:i + 1] * wa[(slice(None), i, *tap)] for i in range(c))
     if not terms:
         return jnp.zeros((x.shape[0], *out, w.shape[0]), x.dtype)
-    return _chains(terms, None).astype(x.dtype)
+    y = _chains(terms, None).astype(x.dtype)
+    return lax.optimization_barrier(y) if STEM_BARRIER else y
 
 
 def _chains(terms: list[Any], y: Any) -> Any:
