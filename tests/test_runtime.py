@@ -512,3 +512,16 @@ def test_results_too_large_to_gather_come_back_one_by_one() -> None:
         assert y.shape == (10000,) and (y == 1.5).all() and (w == -1.5).all()
     (packed,) = _packed(sess)
     assert packed.results is None
+
+
+def test_segments_mostly_on_oxlas_kernels_stay_on_the_pooled_client() -> None:
+    """Small kernels send a segment to the one-thread client, unless oxla's kernels (which split
+    a layer so that a late pool thread costs only its share) do at least half of its flops."""
+    from oxla import cpu_client
+
+    if cpu_client.cores() <= 1:
+        pytest.skip("one core: no client choice to make")
+    small = 25, 1.5e6  # resnet_small at batch 4: 0.69 M flops a node
+    assert cpu_client.prefers_one_thread(small[0], lambda: (17e6, small[1], 1e6))
+    assert not cpu_client.prefers_one_thread(small[0], lambda: (17e6, small[1], 15e6))
+    assert not cpu_client.prefers_one_thread(small[0], lambda: (1e9, small[1], 0.0))  # large kernels
