@@ -137,7 +137,7 @@ def prefers_one_thread(nodes: int, cost: Callable[[], tuple[float, float, float]
         return False
     flops, accessed, native = cost()
     return flops / nodes < SMALL_KERNELS[0] and accessed / nodes < SMALL_KERNELS[1] \
-        and native < NATIVE_SHARE_POOLED * flops
+        and native <= NATIVE_SHARE_POOLED * flops
 
 
 CONV_ONLY = "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"
