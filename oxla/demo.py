@@ -24,15 +24,19 @@ DIGITS_MODEL = REPO / "models" / "digits_mlp.onnx"
 DIGITS_DATA = REPO / "data" / "digits.npz"
 TARGET_ACCURACY = 0.95
 TARGET_SECONDS = 60.0
+IDLE_SECONDS = 0.07
 
 
 def _median_ms(*fns: Callable[[], Any], runs: int) -> list[float]:
     """Median ms per call of each of `fns`, timed in alternating blocks of 5 calls, each block
     after 2 calls that are not counted (a runtime takes about two calls to settle after another
-    one ran: benchmarks/run.py), at least `runs` counted calls each."""
+    one ran: benchmarks/run.py) and after IDLE_SECONDS of sleep (onnxruntime's pool threads spin
+    on a core for 40-55 ms after its last call; the next block would run without that core), at
+    least `runs` counted calls each."""
     times: list[list[float]] = [[] for _ in fns]
     while len(times[0]) < runs:
         for fn, spent in zip(fns, times):
+            time.sleep(IDLE_SECONDS)
             for i in range(2 + 5):
                 start = time.perf_counter()
                 fn()
