@@ -118,9 +118,9 @@ class Packed:
 
     call: Callable[..., Any]           # (*parameter leaves, stage)
     inputs: Layout                     # where each input is in the stage
-    size: int                          # the stage's bytes
     results: Layout | None             # where each result is in the result buffer
     sharding: Any                      # where the results are (for the slicing executable)
+    size: int = field(init=False)      # the stage's bytes
     stage: np.ndarray = field(init=False)
     views: tuple[np.ndarray, ...] = field(init=False)  # each input's view into `stage`
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -129,6 +129,7 @@ class Packed:
     _split: Callable[..., Any] | None = None    # result buffer -> JAX arrays, made on first use
 
     def __post_init__(self) -> None:
+        self.size = _layout_bytes(self.inputs)
         self.stage = _buffer(self.size)
         self.views = tuple(_view(self.stage, entry) for entry in self.inputs)
         dtypes = {dtype for _, _, dtype, _ in self.results or ()}
@@ -158,14 +159,13 @@ class Packed:
         if self.same is not None:
             flat = data.view(self.same[0])
             return [flat[start:stop].reshape(shape) for start, stop, shape in self.same[1]]
-        return [data[at:at + size].view(dtype).reshape(shape) for at, size, dtype, shape in self.results]
+        return [_view(data, entry) for entry in self.results]
 
     def _splitter(self) -> Callable[..., Any]:
         if self._split is None:
             results = self.results
             assert results is not None
-            spec = jax.ShapeDtypeStruct((_aligned(results[-1][0] + results[-1][1]),), np.uint8,
-                                        sharding=self.sharding)
+            spec = jax.ShapeDtypeStruct((_layout_bytes(results),), np.uint8, sharding=self.sharding)
             with x64():
                 self._split = _entry(jax.jit(lambda raw: tuple(_unpack(raw, entry) for entry in results))
                                      .lower(spec).compile())
@@ -279,7 +279,7 @@ class Executor:
                 if seg.call is not None:
                     args = jax.tree.leaves([env.traced[n] for n in seg.inputs])
                     try:
-                        if host and seg.packed is not None and seg.packed.results is not None:
+                        if host and seg.packed is not None and seg.packed.results:
                             outs = seg.packed.host(self._leaves, args)
                         else:
                             outs = seg.call(*self._leaves, *args)
@@ -428,10 +428,9 @@ class Executor:
                 outs = segment(*args[:n_params], *ins)
                 record["results"] = None
                 if record["stop"] is None and not record["checks"] and len(outs) > 1:
-                    results: list[tuple[int, int, np.dtype, tuple[int, ...]]] = []
-                    packed = _pack_results(outs, results)
-                    if packed is not None:
-                        record["results"] = tuple(results)
+                    gathered = _pack_results(outs)
+                    if gathered is not None:
+                        packed, record["results"] = gathered
                         return packed
                 return outs
 
@@ -442,7 +441,7 @@ class Executor:
             if inputs is None:
                 specs += [_spec(v, self._sharding) for v in leaves]
             else:
-                specs.append(jax.ShapeDtypeStruct((_stage_size(inputs),), np.uint8,
+                specs.append(jax.ShapeDtypeStruct((_layout_bytes(inputs),), np.uint8,
                                                   sharding=self._sharding))
             return jax.jit(fn).lower(*specs)
 
@@ -457,8 +456,7 @@ class Executor:
                     lowered = lower()
             call = self._compile(lowered, nodes)
             if inputs is not None:
-                call = packed = Packed(call, inputs, _stage_size(inputs), record["results"],
-                                       self._sharding)
+                call = packed = Packed(call, inputs, record["results"], self._sharding)
         return Segment(pos, record["stop"], traced, in_tree, record["outputs"], record["statics"], call,
                        next(_UIDS), record["checks"], packed=packed)
 
@@ -560,7 +558,7 @@ def _declared_results_fit(plan: Plan) -> bool:
     outputs = {o.name: o.type for o in plan.model.graph.output}
     if len(plan.output_names) < 2:
         return False
-    at = 0
+    declared = []
     for name in plan.output_names:
         tp = outputs.get(name)
         if tp is None or tp.WhichOneof("value") != "tensor_type":
@@ -571,30 +569,34 @@ def _declared_results_fit(plan: Plan) -> bool:
             return False
         if dtype.kind not in _PACKABLE:
             return False
-        dims = [d.dim_value if d.HasField("dim_value") else 1 for d in tp.tensor_type.shape.dim]
-        at = _aligned(at + math.prod(dims) * dtype.itemsize)
-    return at <= PACK_MAX_BYTES
+        declared.append((dtype, tuple(d.dim_value if d.HasField("dim_value") else 1
+                                      for d in tp.tensor_type.shape.dim)))
+    return _layout_bytes(_layout(declared)) <= PACK_MAX_BYTES
+
+
+def _layout(arrays: Sequence[tuple[np.dtype, tuple[int, ...]]]) -> Layout:
+    """Where arrays of these (dtype, shape)s go in one buffer: each at a 64-byte aligned offset."""
+    layout, at = [], 0
+    for dtype, shape in arrays:
+        size = math.prod(shape) * dtype.itemsize
+        layout.append((at, size, dtype, shape))
+        at = _aligned(at + size)
+    return tuple(layout)
+
+
+def _layout_bytes(layout: Layout) -> int:
+    """The bytes of a buffer holding `layout` (not empty)."""
+    return _aligned(layout[-1][0] + layout[-1][1])
 
 
 def _stage_layout(values: Sequence[Any]) -> Layout | None:
-    """Where each input goes in a staging buffer (64-byte aligned offsets), or None when one of
-    them cannot go there (not an array, a dtype outside _PACKABLE, a weak type) or they pass
-    PACK_MAX_BYTES together."""
-    layout, at = [], 0
-    for v in values:
-        if not isinstance(v, np.ndarray | jax.Array) or getattr(v, "weak_type", False):
-            return None
-        dtype = np.dtype(v.dtype)
-        if dtype.kind not in _PACKABLE:
-            return None
-        size = math.prod(v.shape) * dtype.itemsize
-        layout.append((at, size, dtype, tuple(v.shape)))
-        at = _aligned(at + size)
-    return tuple(layout) if layout and at <= PACK_MAX_BYTES else None
-
-
-def _stage_size(layout: Layout) -> int:
-    return _aligned(layout[-1][0] + layout[-1][1])
+    """Where each input goes in a staging buffer, or None when one of them cannot go there (not
+    an array, a dtype outside _PACKABLE, a weak type) or they pass PACK_MAX_BYTES together."""
+    if not values or any(not isinstance(v, np.ndarray | jax.Array) or getattr(v, "weak_type", False)
+                         or np.dtype(v.dtype).kind not in _PACKABLE for v in values):
+        return None
+    layout = _layout([(np.dtype(v.dtype), tuple(v.shape)) for v in values])
+    return layout if _layout_bytes(layout) <= PACK_MAX_BYTES else None
 
 
 def _buffer(size: int) -> np.ndarray:
@@ -630,26 +632,25 @@ def _unpack(stage: Any, entry: tuple[int, int, np.dtype, tuple[int, ...]]) -> An
     return lax.bitcast_convert_type(raw, dtype).reshape(shape)
 
 
-def _pack_results(outs: Sequence[Any], results: list[tuple[int, int, np.dtype, tuple[int, ...]]]) -> Any:
-    """Every result in one uint8 array, each at a 64-byte aligned offset, inside the computation;
-    `results` gets their (offset, bytes, dtype, shape). None when one of them cannot go there (a
-    sequence, a dtype outside _PACKABLE) or they pass PACK_MAX_BYTES together."""
+def _pack_results(outs: Sequence[Any]) -> tuple[Any, Layout] | None:
+    """Every result in one uint8 array, inside the computation, and where each is in it; None
+    when one of them cannot go there (a sequence, a dtype outside _PACKABLE) or they pass
+    PACK_MAX_BYTES together."""
     import jax.numpy as jnp
 
     if any(not isinstance(out, jax.Array) or np.dtype(out.dtype).kind not in _PACKABLE for out in outs):
         return None
-    pieces, at = [], 0
-    for out in lax.optimization_barrier(tuple(outs)):  # (see the inputs' barrier in _build_on)
-        dtype = np.dtype(out.dtype)
-        raw = out.astype(np.uint8) if dtype == np.bool_ else lax.bitcast_convert_type(out, np.uint8)
-        size = out.size * dtype.itemsize
-        results.append((at, size, dtype, tuple(out.shape)))
-        pieces.append(raw.reshape(-1))
-        end = _aligned(at + size)
-        if end > at + size:
-            pieces.append(jnp.zeros(end - at - size, np.uint8))
-        at = end
-    return jnp.concatenate(pieces) if at <= PACK_MAX_BYTES else None
+    layout = _layout([(np.dtype(out.dtype), tuple(out.shape)) for out in outs])
+    if _layout_bytes(layout) > PACK_MAX_BYTES:
+        return None
+    pieces = []
+    for out, (at, size, dtype, _) in zip(lax.optimization_barrier(tuple(outs)), layout, strict=True):
+        # (the barrier: see the inputs' in _build_on)
+        pieces.append((out.astype(np.uint8) if dtype == np.bool_
+                       else lax.bitcast_convert_type(out, np.uint8)).reshape(-1))
+        if _aligned(at + size) > at + size:
+            pieces.append(jnp.zeros(_aligned(at + size) - at - size, np.uint8))
+    return jnp.concatenate(pieces), layout
 
 
 def _check_code(checks: Sequence[tuple[Any, Any, str]]) -> Any:

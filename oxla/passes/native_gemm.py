@@ -493,24 +493,24 @@ def _take_pads(g: _Graph, y: str, nonnegative: bool = False) -> list[int]:
     floor mode, no dilation; its windows all hold a value of y: pads below the kernel)."""
     none = [0] * 8
     readers = g.readers.get(y, [])
-    conv = readers[0] if len(readers) == 1 and y not in g.outputs else None
-    if conv is None or conv.domain != LAST or conv.input[0] != y:
+    reader = readers[0] if len(readers) == 1 and y not in g.outputs else None
+    if reader is None or reader.domain != LAST or reader.input[0] != y:
         return none
-    attrs = {a.name: attribute_value(a) for a in conv.attribute}
+    attrs = {a.name: attribute_value(a) for a in reader.attribute}
     pads = [int(v) for v in attrs.get("pads", ())]
-    if conv.op_type == "MaxPool":
+    if reader.op_type == "MaxPool":
         kernel = [int(v) for v in attrs.get("kernel_shape", ())]
-        if not (STEM_POOL_PADS and nonnegative) or (len(conv.output) > 1 and conv.output[1]) \
+        if not (STEM_POOL_PADS and nonnegative) or (len(reader.output) > 1 and reader.output[1]) \
                 or attrs.get("ceil_mode", 0) or any(int(d) != 1 for d in attrs.get("dilations", ())) \
                 or attrs.get("storage_order", 0) or len(kernel) != 2 or len(pads) != 4 \
                 or any(p >= kernel[i % 2] for i, p in enumerate(pads)):
             return none
-    elif conv.op_type != "Conv":
+    elif reader.op_type != "Conv":
         return none
     if attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "") or len(pads) != 4 \
             or min(pads) < 0 or max(pads) == 0:
         return none
-    for a in conv.attribute:
+    for a in reader.attribute:
         if a.name == "pads":
             del a.ints[:]
             a.ints.extend([0, 0, 0, 0])
