@@ -117,27 +117,27 @@ def _make(threads: int | None = None) -> Any:
 # copy XLA splits) on the pool; XLA's bytes accessed per node before fusion: MobileNetV3-small
 # 2.6 MB, ShuffleNetV2 0.8 MB, the 64x64 ResNet 0.1 MB, EfficientNet-B0 6.3 MB, the detector 12 MB.
 SMALL_KERNELS = (1.5e6, 4e6)  # XLA flops and bytes accessed per ONNX node of a segment
-# ... unless oxla's kernels do at least this share of the flops: they split a layer into parts
-# that a late pool thread only joins (no wait for it), so they gain from the pool where XLA's
-# small kernels lose. The shipped resnet_small (20 convolutions, 16 on the kernel; 0.69 M flops
-# a node at batch 4): one process, onnxruntime's blocks interleaved, 0.811 ms on the one-thread
-# client, 0.609 ms pooled (onnxruntime 0.355); at batch 1 0.284 / 0.279. MobileNetV3-small and
-# ShuffleNetV2 (their stems on the kernel: 9% and 5% of the flops) stay on the one-thread client.
-NATIVE_SHARE_POOLED = 0.5
+# oxla's kernels run on that client too: past its one thread they split their work with spinning
+# helpers of their own (oxla/native/kernels.cc), and a model of small kernels has its 1x1 and
+# depthwise convolutions on them (native_gemm.small_kernels). The rule that kept a segment whose
+# flops were mostly oxla's kernels' on the pooled client (the shipped resnet_small at batch 4:
+# 0.811 ms on the one-thread client, 0.609 ms pooled, when its kernels ran on one thread there) is
+# gone with them: one process, onnxruntime's blocks interleaved, without / with it resnet_small
+# 0.248 / 0.270 ms at batch 1, 0.576 / 0.556 ms at batch 4, mobilenet_small 0.366 / 0.457 and
+# 0.941 / 0.923 ms.
 
 
-def prefers_one_thread(nodes: int, cost: Callable[[], tuple[float, float, float]]) -> bool:
-    """Whether a segment of `nodes` ONNX nodes for which XLA counts `cost()` (flops, bytes
-    accessed, and of the flops those of oxla's custom calls, which the executor adds since XLA
-    does not count them: BERT-base with its MatMuls on the kernel, as tried, moved to the
-    one-thread client without them, 159 against 92 ms) should run on the one-thread client: its
+def prefers_one_thread(nodes: int, cost: Callable[[], tuple[float, float]]) -> bool:
+    """Whether a segment of `nodes` ONNX nodes for which XLA counts `cost()` (flops, with those of
+    oxla's custom calls, which the executor adds since XLA does not count them: BERT-base with
+    its MatMuls on the kernel, as tried, moved to the one-thread client without them, 159
+    against 92 ms; and bytes accessed) should run on the one-thread client: its
     kernels are too small to win back a wake of the pool's other thread. On one core it never
     should (and `cost` is not asked)."""
     if cores() <= 1 or nodes <= 0:
         return False
-    flops, accessed, native = cost()
-    return flops / nodes < SMALL_KERNELS[0] and accessed / nodes < SMALL_KERNELS[1] \
-        and native <= NATIVE_SHARE_POOLED * flops
+    flops, accessed = cost()
+    return flops / nodes < SMALL_KERNELS[0] and accessed / nodes < SMALL_KERNELS[1]
 
 
 CONV_ONLY = "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"

@@ -681,19 +681,19 @@ def _entry(compiled: Any) -> Callable[..., Any]:
     return direct or compiled
 
 
-def _cost(lowered: Any) -> tuple[float, float, float]:
-    """XLA's count of a lowered computation's flops and bytes accessed (infinite when it cannot
-    tell: nothing is then judged small), and of those flops oxla's custom calls'. XLA leaves out
+def _cost(lowered: Any) -> tuple[float, float]:
+    """XLA's count of a lowered computation's flops, with those of oxla's custom calls, and
+    bytes accessed (infinite when it cannot tell: nothing is then judged small). XLA leaves out
     a count that is zero."""
     try:
         cost = lowered.cost_analysis()
     except Exception:  # a computation XLA's cost analysis does not cover
-        return math.inf, math.inf, 0.0
+        return math.inf, math.inf
     cost = cost[0] if isinstance(cost, list) and cost else cost
     if not isinstance(cost, dict):
-        return math.inf, math.inf, 0.0
-    native = _native_flops(lowered)
-    return float(cost.get("flops", 0.0)) + native, float(cost.get("bytes accessed", 0.0)), native
+        return math.inf, math.inf
+    return float(cost.get("flops", 0.0)) + _native_flops(lowered), \
+        float(cost.get("bytes accessed", 0.0))
 
 
 _NATIVE_CALL = re.compile(

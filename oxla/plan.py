@@ -25,6 +25,7 @@ from oxla.passes.native_gemm import (
     convs_to_native,
     depthwise_to_native,
     matmuls_to_native,
+    small_kernels,
     stems_to_native,
 )
 from oxla.passes.nms_split import split_non_max_suppression
@@ -83,6 +84,8 @@ def prepare(model: ModelProto, options: Options) -> DispatchTable:
     if not options.bake_weights:
         large_constants_to_initializers(model)
         if options.layout_weights:
+            # read before the passes rewrite the graph (shape inference knows the standard ops)
+            small = bool(options.native_threads and options.channels_last) and small_kernels(model)
             qdq_conv_to_integer(model)
             quantized_max_pools(model)
             qdq_adds_to_qlinear(model)
@@ -99,11 +102,11 @@ def prepare(model: ModelProto, options: Options) -> DispatchTable:
                 if options.native_stems:
                     stems_to_native(model)  # reads the image before its transpose
                 if options.native_threads:
-                    depthwise_to_native(model)  # before PadAheadPass: it pads in the kernel
+                    depthwise_to_native(model, small)  # before PadAheadPass: it pads in the kernel
                 pad_ahead(model)
                 convs_to_winograd(model)
                 if options.native_threads:
-                    convs_to_native(model)
+                    convs_to_native(model, small=small)
                 elif options.native_convs:  # one core: the kernels on one thread
                     convs_to_native(model, beside_depthwise=False)
     split_non_max_suppression(model)

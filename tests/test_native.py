@@ -11,7 +11,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 import oxla
-from oxla import cpu_client, native
+from oxla import cpu_client, native, plan
 from oxla.lowering.context import Options
 from oxla.lowering.ops import native as native_rule
 from oxla.lowering.ops.elementwise import sigmoid
@@ -25,8 +25,10 @@ needs_kernel = pytest.mark.skipif(not native.available(),
 @pytest.fixture(autouse=True)
 def _depthwise_here(monkeypatch):
     """The depthwise pass's tests run on whatever instruction set the kernels were built for
-    (the pass itself takes it only where it beats XLA's taps: `DEPTHWISE_ISAS`)."""
+    (the pass itself takes it only where it beats XLA's taps: `DEPTHWISE_ISAS`), and plan as for a
+    model of large kernels (`small_kernels` is tested on its own)."""
     monkeypatch.setattr(native_gemm, "DEPTHWISE_ISAS", frozenset({native.isa()}))
+    monkeypatch.setattr(plan, "small_kernels", lambda model: False)
 
 
 def _reference(x, w, b, r, act, lo=0.0, hi=0.0):
@@ -629,6 +631,35 @@ def test_small_depthwise_and_one_core_stay_xla() -> None:
     assert not [n for n in _planned(_dw_net(24)).graph.node if n.domain == native_rule.DOMAIN]
     assert [n for n in _planned(_dw_net(64)).graph.node if n.domain == native_rule.DOMAIN]
     assert not [n for n in _planned(_dw_net(64), threads=0).graph.node if n.domain == native_rule.DOMAIN]
+
+
+@needs_kernel
+def test_a_model_of_small_kernels_has_every_depthwise_and_1x1_convolution_on_the_kernels(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`small_kernels` (what sends a model to the one-thread client, where oxla's kernels spin up
+    helpers of their own) judges from shape inference before the passes; such a model has its
+    depthwise convolutions on the kernel whatever DEPTHWISE_ISAS and DEPTHWISE_MIN_FLOPS say,
+    and its 1x1 ones whatever MIN_FLOPS says; results agree with onnxruntime."""
+    monkeypatch.undo()  # this module plans as for large kernels; here the rule itself decides
+    monkeypatch.setattr(native_gemm, "DEPTHWISE_ISAS", frozenset())
+    monkeypatch.setattr(native_gemm, "MIN_FLOPS", 1e30)
+    monkeypatch.setattr(native_gemm, "DEPTHWISE_MIN_FLOPS", 1e30)
+    model = _dw_net(24)  # and a 1x1 convolution after it
+    model.graph.node.append(helper.make_node("Conv", ["d", "p_w", "p_b"], ["e"], kernel_shape=[1, 1]))
+    model.graph.output[0].name = "e"
+    model.graph.initializer.extend([
+        numpy_helper.from_array((RNG.standard_normal((64, 64, 1, 1)) / 8).astype(np.float32), "p_w"),
+        numpy_helper.from_array(RNG.standard_normal(64).astype(np.float32), "p_b")])
+    assert native_gemm.small_kernels(model)
+    planned = _planned(model)
+    kinds = [n.op_type for n in planned.graph.node if n.domain == native_rule.DOMAIN]
+    assert kinds.count("Gemm") == 1 and sum("Depthwise" in k for k in kinds) == 3, kinds
+    monkeypatch.setattr(cpu_client, "SMALL_KERNELS", (0.0, 0.0))  # nothing is small: XLA's
+    assert not native_gemm.small_kernels(model)
+    assert not [n for n in _planned(model).graph.node if n.domain == native_rule.DOMAIN]
+    monkeypatch.setattr(cpu_client, "SMALL_KERNELS", (1.5e6, 4e6))
+    x = RNG.standard_normal((1, 32, 24, 24)).astype(np.float32)
+    _agrees(model, planned, x)
 
 
 @needs_kernel

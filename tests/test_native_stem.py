@@ -11,7 +11,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 import oxla
-from oxla import cpu_client, native
+from oxla import cpu_client, native, plan
 from oxla.lowering.context import Options
 from oxla.lowering.ops import native as native_rule
 from oxla.passes import native_gemm
@@ -21,6 +21,13 @@ from .test_native import _act, _agrees, _model, same_without_kernel
 RNG = np.random.default_rng(1)
 needs_kernel = pytest.mark.skipif(not native.available(),
                                   reason=f"no native kernel here: {native.unavailable_reason()}")
+
+
+@pytest.fixture(autouse=True)
+def _large_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plan as for a model of large kernels: a model of small ones has every depthwise and 1x1
+    convolution on oxla's kernels (`small_kernels`, tested in test_native.py)."""
+    monkeypatch.setattr(plan, "small_kernels", lambda model: False)
 
 
 def _reference(x, hwio, b, act, strides, pads, dilations, out_pads=(0, 0, 0, 0)):

@@ -9,10 +9,18 @@ import pytest
 from onnx import helper, numpy_helper
 
 import oxla
+from oxla import plan
 from oxla.passes.channels_last import convs_to_channels_last
 from oxla.passes.pad_ahead import DOMAIN, pad_ahead
 
 RNG = np.random.default_rng(0)
+
+
+@pytest.fixture(autouse=True)
+def _large_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plan as for a model of large kernels: a model of small ones has every depthwise and 1x1
+    convolution on oxla's kernels (`small_kernels`, tested in test_native.py)."""
+    monkeypatch.setattr(plan, "small_kernels", lambda model: False)
 
 
 def block(act: str | None, pads: list[int], kernel: int = 3, stride: int = 2) -> onnx.ModelProto:

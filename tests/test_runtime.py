@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -514,14 +515,50 @@ def test_results_too_large_to_gather_come_back_one_by_one() -> None:
     assert packed.results is None
 
 
-def test_segments_mostly_on_oxlas_kernels_stay_on_the_pooled_client() -> None:
-    """Small kernels send a segment to the one-thread client, unless oxla's kernels (which split
-    a layer so that a late pool thread costs only its share) do at least half of its flops."""
-    from oxla import cpu_client
+def test_small_kernels_run_on_the_one_thread_client_its_kernels_on_spinning_helpers() -> None:
+    """A model of small kernels (the shipped mobilenet_small: under SMALL_KERNELS flops a node)
+    has its 1x1 and depthwise convolutions on oxla's kernels and runs on the one-thread client,
+    where the kernels split their parts with helpers of their own; results agree with
+    onnxruntime, also with two callers at once (one of them then runs its kernels alone)."""
+    from oxla import cpu_client, native
+    from oxla.lowering.ops.native import DOMAIN
+    from oxla.passes import native_gemm
 
-    if cpu_client.cores() <= 1:
-        pytest.skip("one core: no client choice to make")
-    small = 25, 1.5e6  # resnet_small at batch 4: 0.69 M flops a node
-    assert cpu_client.prefers_one_thread(small[0], lambda: (17e6, small[1], 1e6))
-    assert not cpu_client.prefers_one_thread(small[0], lambda: (17e6, small[1], 15e6))
-    assert not cpu_client.prefers_one_thread(small[0], lambda: (1e9, small[1], 0.0))  # large kernels
+    small = 25, 1.5e6
+    assert cpu_client.prefers_one_thread(small[0], lambda: (17e6, small[1])) \
+        == (cpu_client.cores() > 1)
+    assert not cpu_client.prefers_one_thread(small[0], lambda: (1e9, small[1]))  # large kernels
+    model = onnx.load(str(MODELS / "mobilenet_small.onnx"))
+    assert native_gemm.small_kernels(model)
+    if cpu_client.cores() <= 1 or not native.available():
+        pytest.skip("one core or no native kernels: no helpers to spin")
+    sess = oxla.InferenceSession(str(MODELS / "mobilenet_small.onnx"))
+    ops = Counter(n.op_type for n in sess.compiled.model.graph.node if n.domain == DOMAIN)
+    assert sum(n for op, n in ops.items() if "Depthwise" in op) > 0, ops
+    assert sum(n for op, n in ops.items() if "Gemm" in op) > 0, ops
+    ort = pytest.importorskip("onnxruntime")
+    ref = ort.InferenceSession(str(MODELS / "mobilenet_small.onnx"),
+                               providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    images = [rng.standard_normal((b, 3, 64, 64)).astype(np.float32) for b in (1, 4, 2, 3)]
+    want = [ref.run(None, {"image": x})[0] for x in images]
+    for x, w in zip(images, want):
+        np.testing.assert_allclose(sess.run(None, {"image": x})[0], w, rtol=1e-4, atol=1e-5)
+    assert cpu_client.is_single_thread(sess.compiled._executor.device)
+    errors: list[BaseException] = []
+
+    def caller(k: int) -> None:
+        try:
+            for i in range(20):
+                j = (i + k) % len(images)
+                np.testing.assert_allclose(sess.run(None, {"image": images[j]})[0], want[j],
+                                           rtol=1e-4, atol=1e-5)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]

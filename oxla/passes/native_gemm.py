@@ -73,7 +73,7 @@ from onnx import (
     numpy_helper,
 )
 
-from oxla import native
+from oxla import cpu_client, native
 from oxla.graph import attribute_value, inferred_types, model_opsets, node_reads, tensor_value
 from oxla.lowering.ops.conv_forms import STEM_CHANNELS, STEM_TAPS_TERMS
 from oxla.lowering.ops.native import (
@@ -185,6 +185,43 @@ def _pooled_values(nodes: Sequence[NodeProto]) -> set[str]:
                 or (node.op_type == "Mul" and all(i in pooled for i in node.input)):
             pooled.update(node.output)
     return pooled
+
+
+def _pointwise_min(small: bool) -> float:
+    """The flops from which a 1x1 convolution goes to the kernel (`small_kernels`)."""
+    return 0.0 if small else MIN_FLOPS
+
+
+PRODUCTS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
+
+
+def small_kernels(model: ModelProto) -> bool:
+    """Whether the main graph's convolutions and products by constant weights (read before any
+    pass rewrites them) do fewer flops per node than `cpu_client.SMALL_KERNELS` allows a segment
+    of the pooled client: a model the executor will run on its one-thread client, where oxla's
+    kernels split their work with spinning helpers of their own (oxla/native/kernels.cc) and gain
+    from the second core where XLA's small loops do not. Such a model has every 1x1 convolution
+    (but squeeze-excitation branches) and every depthwise one on the kernels. Counted as XLA
+    counts: 2 x output elements x weights / output channels, a symbolic dim as 1."""
+    graph = model.graph
+    if not graph.node:
+        return False
+    inits = {t.name: t for t in graph.initializer}
+    try:
+        values = {v.name: v for v in inferred_types(model).value_info}
+    except Exception:  # the pass only loses a hint, never the model
+        return False
+    flops = 0.0
+    for node in graph.node:
+        if node.op_type not in PRODUCTS or len(node.input) < 2 or node.input[1] not in inits \
+                or node.output[0] not in values:
+            continue
+        shape = values[node.output[0]].type.tensor_type.shape
+        dims = [d.dim_value if d.HasField("dim_value") else 1 for d in shape.dim]
+        channels = dims[1 if node.op_type.startswith("Conv") else -1] if len(dims) >= 2 else 0
+        if channels > 0:
+            flops += 2.0 * math.prod(dims) * math.prod(inits[node.input[1]].dims) / channels
+    return flops / len(graph.node) < cpu_client.SMALL_KERNELS[0]
 
 
 def _pointwise(node: NodeProto) -> bool:
@@ -382,7 +419,7 @@ def _beside_depthwise(node: NodeProto, producers: dict[str, NodeProto],
     return False
 
 
-def convs_to_native(model: ModelProto, beside_depthwise: bool = True) -> int:
+def convs_to_native(model: ModelProto, beside_depthwise: bool = True, small: bool = False) -> int:
     """Rewrite the eligible convolutions (Gemm* for 1x1, Conv* for the others) of the main graph;
     returns how many. With beside_depthwise False (sessions on one core), a convolution whose X a
     depthwise convolution made or whose Y one reads stays XLA's, which fuses the two loops'
@@ -401,7 +438,7 @@ def convs_to_native(model: ModelProto, beside_depthwise: bool = True) -> int:
     pooled = _pooled_values(graph.node)
     candidates = [c for c in candidates if c[0].input[0] not in pooled
                   and 2 * rows.get(c[0].output[0], rows.get(c[0].input[0], 1)) * c[1].size
-                  >= (MIN_FLOPS if c[4] is None else CONV_MIN_FLOPS)]
+                  >= (_pointwise_min(small) if c[4] is None else CONV_MIN_FLOPS)]
     # packed: an OIHW initializer read by several convolutions is packed once
     g, removed, moved, packed = _rewriting(model, inits)
     if not beside_depthwise:
@@ -611,10 +648,11 @@ def _depthwise(node: NodeProto, producers: dict[str, NodeProto], inits: dict[str
     return np.ascontiguousarray(found[0][:, :, 0, :]), b, window
 
 
-def depthwise_to_native(model: ModelProto) -> int:
+def depthwise_to_native(model: ModelProto, small: bool = False) -> int:
     """Rewrite the eligible depthwise convolutions of the main graph (`DEPTHWISE`); returns how
-    many."""
-    if not DEPTHWISE or native.isa() not in DEPTHWISE_ISAS:
+    many. `small`: the model runs on the one-thread client (`small_kernels`), every depthwise
+    convolution on the kernel whatever the instruction set."""
+    if not DEPTHWISE or (native.isa() not in DEPTHWISE_ISAS and not small):
         return 0
     opsets, inits, producers = _tables(model)
     if opsets.get("", 1) < MIN_OPSET:
@@ -626,12 +664,13 @@ def depthwise_to_native(model: ModelProto) -> int:
         return 0
     rows = _known_rows(model)
     candidates = [c for c in candidates
-                  if 2 * rows.get(c[0].output[0], 1) * c[1].size >= DEPTHWISE_MIN_FLOPS]
+                  if small or 2 * rows.get(c[0].output[0], 1) * c[1].size >= DEPTHWISE_MIN_FLOPS]
     if not candidates or not native.available():
         return 0
     g, removed, moved, _ = _rewriting(model, inits)
     for node, kernel, b, window in candidates:
-        pre = _pre_activation(g, node, producers, rows) if PRE_ACTIVATION else None
+        pre = _pre_activation(g, node, producers, rows, _pointwise_min(small)) \
+            if PRE_ACTIVATION else None
         padded = None if pre is not None else _zero_pad(g, node, producers)
         if padded is not None:  # an explicit Pad before (tf2onnx's): the kernel's own pads
             pad, extra = padded
@@ -712,10 +751,10 @@ def _zero_pad(g: _Graph, node: NodeProto, producers: dict[str, NodeProto]
 
 
 def _pre_activation(g: _Graph, node: NodeProto, producers: dict[str, NodeProto],
-                    rows: dict[str, int]
+                    rows: dict[str, int], bound: float
                     ) -> tuple[NodeProto, NodeProto, _Fold, np.ndarray] | None:
     """(P, A, A as a fold, P's bias) when the depthwise `node` alone reads A = Relu, Clip or HardSwish of
-    P, a 1x1 channels-last Conv with a constant bias whose product (under MIN_FLOPS: XLA's dot)
+    P, a 1x1 channels-last Conv with a constant bias whose product (under `bound`: XLA's dot)
     A alone reads: the depthwise kernel then applies P's bias and A per load (XLA had fused them
     into its taps loop; a pass of their own wrote the activated product)."""
     act = producers.get(node.input[0])
@@ -731,7 +770,7 @@ def _pre_activation(g: _Graph, node: NodeProto, producers: dict[str, NodeProto],
         return None
     found = conv_hwio(product, producers, g.inits)
     if found is None or found[0].shape[:2] != (1, 1) or found[0].dtype != np.float32 \
-            or 2 * rows.get(product.output[0], 1) * found[0].size >= MIN_FLOPS:
+            or 2 * rows.get(product.output[0], 1) * found[0].size >= bound:
         return None
     plain, bias = _bias(product, g.inits, found[0].shape[3])
     return (product, act, fold, bias) if plain and bias is not None else None
