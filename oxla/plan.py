@@ -95,8 +95,8 @@ def prepare(model: ModelProto, options: Options) -> DispatchTable:
             conv_weights_to_hwio(model)
             gemm_weights_to_kn(model)
             recurrent_weights_per_direction(model)
-            if options.native_matmul:
-                matmuls_to_native(model)
+            if options.native_matmul or small:
+                matmuls_to_native(model, small)
             if options.channels_last:
                 convs_to_channels_last(model)
                 if options.native_stems:

@@ -866,6 +866,28 @@ def test_one_core_sessions_run_large_matmuls_on_the_kernel(identity: bool) -> No
 
 
 @needs_kernel
+def test_a_model_of_small_kernels_runs_its_classifier_on_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MobileNetV3's head as torch exports it (Gemm with transB, HardSwish, Gemm): in a model of
+    small kernels both products go to the kernel at any flops (the helpers split the
+    matrix-vector products), C as the bias, the activation folded; a Gemm with alpha stays."""
+    monkeypatch.setattr(plan, "small_kernels", lambda model: True)
+    inits = [numpy_helper.from_array((RNG.standard_normal((1024, 576)) / 24).astype(np.float32), "w1"),
+             numpy_helper.from_array(RNG.standard_normal(1024).astype(np.float32), "c1"),
+             numpy_helper.from_array((RNG.standard_normal((1024, 1000)) / 32).astype(np.float32), "w2"),
+             numpy_helper.from_array(RNG.standard_normal((1, 1000)).astype(np.float32), "c2"),
+             numpy_helper.from_array((RNG.standard_normal((1000, 600)) / 32).astype(np.float32), "w3")]
+    nodes = [helper.make_node("Gemm", ["x", "w1", "c1"], ["h"], transB=1),
+             helper.make_node("HardSwish", ["h"], ["a"]),
+             helper.make_node("Gemm", ["a", "w2", "c2"], ["z"]),
+             helper.make_node("Gemm", ["z", "w3"], ["y"], alpha=0.5)]
+    model = _model(nodes, (2, 576), {"y": (2, 600)}, inits)
+    planned = _planned(model)
+    assert [(n.domain, n.op_type) for n in planned.graph.node] == [
+        (native_rule.DOMAIN, "GemmHardSwish"), (native_rule.DOMAIN, "Gemm"), ("", "Gemm")]
+    _agrees(model, planned, RNG.standard_normal((2, 576)).astype(np.float32))
+
+
+@needs_kernel
 def test_small_matmuls_and_pooled_sessions_keep_xla_dots() -> None:
     one = ort.SessionOptions()
     one.intra_op_num_threads = 1

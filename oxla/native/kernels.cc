@@ -10,8 +10,9 @@
 //
 // Why oxla owns this kernel (docs/benchmarks.md, ninth round): XLA:CPU's dots gain 0.9-1.9x
 // from the second core, onnxruntime's MLAS 2x. This kernel cuts a product into parts that the
-// calling thread and the intra-op pool's threads claim one at a time, so that a pool thread
-// that wakes late (25-70 us on these VMs) costs only its share; the fused epilogue saves the
+// calling thread and the intra-op pool's threads (on oxla's one-thread client, spinning helpers
+// of oxla's own) claim one at a time, so that a pool thread that wakes late (25-70 us on these
+// VMs) costs only its share; the fused epilogue saves the
 // pass over the output that the activation or residual Add took. On one core it is within
 // 0-12% of MLAS on the suite's 1x1 shapes (AVX-512, 12 rows x 32 columns per micro-tile, 24
 // accumulators) but no faster than XLA's dot inside a model, so oxla uses it on several cores.
@@ -405,10 +406,11 @@ void run_part(const Job& j, int part, int parts) {
     run_range(j, 0, j.blocks, panels * part / parts, panels * (part + 1) / parts);
 }
 
-// A kernel's work is cut into `chunks` parts that the caller and the intra-op pool's threads
-// claim one at a time through `ticket` (generation << 32 | next part). A pool thread that starts
-// late finds nothing left, and the caller, which never waits for a part nobody claimed, has done
-// the work itself. The team outlives every call, so a late pool task only reads its ticket.
+// A kernel's work is cut into `chunks` parts that the caller and the intra-op pool's threads (or
+// oxla's helpers) claim one at a time through `ticket` (generation << 32 | next part). A pool
+// thread that starts late finds nothing left, and the caller, which never waits for a part nobody
+// claimed, has done the work itself. The team outlives every call, so a late pool task only reads
+// its ticket.
 using PartFn = void (*)(const void* ctx, int part, int parts);
 
 struct Team {
@@ -538,9 +540,12 @@ void gemm_part(const void* ctx, int part, int parts) {
   run_part(*static_cast<const Job*>(ctx), part, parts);
 }
 
-// The threads a call may use: its attribute, capped by the machine (past the client's pool, oxla's
-// helpers).
-int usable(int64_t threads, ffi::ThreadPool&) {
+// The threads a call may use: its attribute, capped by the machine (past the client's pool's,
+// oxla's helpers: `parallel`) and, for the recurrences (`pooled`, which run on the pool's threads
+// alone), by the client's pool.
+int usable(int64_t threads, ffi::ThreadPool& pool, bool pooled = false) {
+  int64_t in_pool = pool.num_threads();
+  if (pooled && in_pool > 0 && threads > in_pool) threads = in_pool;
   // asked once: glibc reads /sys/devices/system/cpu/online for it (an open, a read and a close:
   // 25-30 us a call on these VMs, more than many kernels take)
   static const unsigned cores = std::thread::hardware_concurrency();
@@ -1613,7 +1618,7 @@ ffi::Error Sgru(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> xw, ffi::Buffer<ffi:
   j.lbr = linear_before_reset != 0;
   j.phases = j.lbr ? 1 : 2;
   return recurrent_call("oxla_sgru", j, xw, wb, r0, r1, rb, h0, lens, y, yh, reverse, clip,
-                        usable(threads, pool), pool,
+                        usable(threads, pool, true), pool,
                         [](int64_t, int64_t, int64_t) { return true; });
 }
 
@@ -1636,7 +1641,7 @@ ffi::Error Slstm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> xw, ffi::Buffer<ffi
            (np == 0 || np == D * 3 * H);
   };
   return recurrent_call("oxla_slstm", j, xw, wb, r0, r1, rb, h0, lens, y, yh, reverse, clip,
-                        usable(threads, pool), pool, more);
+                        usable(threads, pool, true), pool, more);
 }
 
 }  // namespace

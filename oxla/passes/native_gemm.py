@@ -580,11 +580,13 @@ def _constant_matrix(name: str, producers: dict[str, NodeProto], inits: dict[str
     return (value, name) if value.ndim == 2 and value.dtype == np.float32 else None
 
 
-def matmuls_to_native(model: ModelProto) -> int:
+def matmuls_to_native(model: ModelProto, small: bool = False) -> int:
     """MatMul by a constant float32 (K, N) matrix of at least MIN_FLOPS becomes an
     `oxla.native::Gemm*` node, the Add of a constant (N,) bias after it its bias and an
     activation after that its epilogue; returns how many. For sessions on one core, where XLA
-    runs these products as Eigen's dots (docs/benchmarks.md, thirteenth round)."""
+    runs these products as Eigen's dots (docs/benchmarks.md, thirteenth round), and for models of
+    small kernels (`small`: any flops; a plain Gemm too, its C the bias), where the kernel splits
+    a classifier's matrix-vector products with its helpers."""
     opsets, inits, producers = _tables(model)
     if opsets.get("", 1) < MIN_OPSET:
         return 0
@@ -592,18 +594,27 @@ def matmuls_to_native(model: ModelProto) -> int:
     rows = _known_rows(model)
     candidates = []
     for node in graph.node:
-        if node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and len(node.input) == 2:
-            found = _constant_matrix(node.input[1], producers, inits)
-            if found is not None and min(found[0].shape) >= MATMUL_MIN_DIM \
-                    and 2 * rows.get(node.input[0], 1) * found[0].size >= MIN_FLOPS:
-                candidates.append((node, *found))
+        if node.domain not in ("", "ai.onnx") or not (
+                (node.op_type == "MatMul" and len(node.input) == 2)
+                or (small and node.op_type == "Gemm" and _plain_gemm(node))):
+            continue
+        found = _constant_matrix(node.input[1], producers, inits)
+        if found is not None and min(found[0].shape) >= MATMUL_MIN_DIM \
+                and (small or 2 * rows.get(node.input[0], 1) * found[0].size >= MIN_FLOPS):
+            c = None
+            if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
+                c = _constant_vector(node.input[2], inits, found[0].shape[1])
+                if c is None:
+                    continue
+            candidates.append((node, *found, c))
     if not candidates or not native.available():
         return 0
     g, removed, moved, packed = _rewriting(model, inits)
-    for node, kernel, name in candidates:
+    for node, kernel, name, c in candidates:
         n = kernel.shape[1]
-        fold, bias = _Fold(output=node.output[0]), np.zeros(n, np.float32)
-        add = None if node.output[0] in g.outputs else g.only_reader(node.output[0])
+        fold, bias = _Fold(output=node.output[0]), np.zeros(n, np.float32) if c is None else c
+        add = None if node.output[0] in g.outputs or c is not None \
+            else g.only_reader(node.output[0])
         if add is not None and add.op_type == "Add" and len(add.input) == 2:
             other = add.input[1] if add.input[0] == node.output[0] else add.input[0]
             if other in inits:
@@ -616,6 +627,24 @@ def matmuls_to_native(model: ModelProto) -> int:
         _rewrite(g, node, op_type(False, fold.activation), inputs, {}, fold, removed, moved)
     _finish(model, opsets, removed, moved)
     return len(candidates)
+
+
+def _plain_gemm(node: NodeProto) -> bool:
+    """A Gemm computing A B + C: alpha and beta 1, neither input transposed."""
+    values = {a.name: attribute_value(a) for a in node.attribute}
+    return len(node.input) >= 2 and values.get("alpha", 1.0) == 1.0 \
+        and values.get("beta", 1.0) == 1.0 and values.get("transA", 0) == 0 \
+        and values.get("transB", 0) == 0
+
+
+def _constant_vector(name: str, inits: dict[str, TensorProto], n: int) -> np.ndarray | None:
+    """A constant float32 initializer of n values ((n,) or (1, n)) as (n,), or None."""
+    if name not in inits:
+        return None
+    value = tensor_value(name, lambda: numpy_helper.to_array(inits[name]))
+    if value.dtype != np.float32 or value.shape not in ((n,), (1, n)):
+        return None
+    return value.reshape(n)
 
 
 def _bias(node: NodeProto, inits: dict[str, TensorProto], n: int) -> tuple[bool, np.ndarray | None]:
