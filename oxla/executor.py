@@ -449,7 +449,8 @@ class Executor:
         call = packed = None
         if record["outputs"] or record["checks"]:  # no traced outputs, no checks: no XLA
             nodes = plan.nodes[pos:len(plan.nodes) if record["stop"] is None else record["stop"]]
-            if decide and prefers_one_thread(len(nodes), lambda: _cost(lowered)):
+            if decide and (plan.one_thread
+                           or prefers_one_thread(len(nodes), lambda: _cost(lowered))):
                 single = single_thread_device()
                 if single is not None:
                     self._move(single)

@@ -65,6 +65,7 @@ class Plan:
     constants: Mapping[str, np.ndarray]         # initializers known at trace time
     parameters: Mapping[str, np.ndarray]        # initializers passed to the computation
     required_static: frozenset[str]             # constants because a rule needs them static
+    one_thread: bool = False                    # runs on the one-thread client (small_kernels)
 
     def live_in(self, pos: int) -> tuple[str, ...]:
         """Values read at or after node `pos` that come from before it (no initializers)."""
@@ -78,13 +79,15 @@ class Plan:
         return frozenset(n for n, last in self.last_use.items() if last >= stop)
 
 
-def prepare(model: ModelProto, options: Options) -> DispatchTable:
-    """The graph passes, in order; rewrites `model` in place and returns its dispatch table."""
+def prepare(model: ModelProto, options: Options) -> tuple[DispatchTable, bool]:
+    """The graph passes, in order; rewrites `model` in place and returns its dispatch table, and
+    whether it is a model of small kernels (`small_kernels`: to run on the one-thread client)."""
     table = check_supported(model)
+    small = False
     if not options.bake_weights:
         large_constants_to_initializers(model)
         if options.layout_weights:
-            # read before the passes rewrite the graph (shape inference knows the standard ops)
+            # read before the other passes rewrite the graph (shape inference knows standard ops)
             small = bool(options.native_threads and options.channels_last) and small_kernels(model)
             qdq_conv_to_integer(model)
             quantized_max_pools(model)
@@ -110,7 +113,7 @@ def prepare(model: ModelProto, options: Options) -> DispatchTable:
                 elif options.native_convs:  # one core: the kernels on one thread
                     convs_to_native(model, beside_depthwise=False)
     split_non_max_suppression(model)
-    return table
+    return table, small
 
 
 def make_plan(model: ModelProto, options: Options | None = None, *,
@@ -127,7 +130,7 @@ def make_plan(model: ModelProto, options: Options | None = None, *,
         UnsupportedOpError: one error listing every op oxla cannot run.
     """
     options = options or Options()
-    table = prepare(model, options)
+    table, small = prepare(model, options)
     graph = model.graph
     nodes = tuple(graph.node)
     reads = tuple(frozenset(node_reads(n)) for n in nodes)
@@ -149,7 +152,7 @@ def make_plan(model: ModelProto, options: Options | None = None, *,
         output_names=outputs, input_types=MappingProxyType({i.name: i.type for i in graph.input}),
         overridable=frozenset(i.name for i in graph.input if i.name in inits),
         constants=MappingProxyType(constants), parameters=MappingProxyType(parameters),
-        required_static=needed)
+        required_static=needed, one_thread=small)
 
 
 def _starts_static(value: np.ndarray, options: Options) -> bool:

@@ -636,8 +636,9 @@ def test_small_depthwise_and_one_core_stay_xla() -> None:
 @needs_kernel
 def test_a_model_of_small_kernels_has_every_depthwise_and_1x1_convolution_on_the_kernels(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """`small_kernels` (what sends a model to the one-thread client, where oxla's kernels spin up
-    helpers of their own) judges from shape inference before the passes; such a model has its
+    """`small_kernels` (what sends a convolutional model to the one-thread client, where oxla's
+    kernels spin up helpers of their own) judges from shape inference before the passes, on
+    float weights only; such a model has its
     depthwise convolutions on the kernel whatever DEPTHWISE_ISAS and DEPTHWISE_MIN_FLOPS say,
     and its 1x1 ones whatever MIN_FLOPS says; results agree with onnxruntime."""
     monkeypatch.undo()  # this module plans as for large kernels; here the rule itself decides
@@ -654,10 +655,15 @@ def test_a_model_of_small_kernels_has_every_depthwise_and_1x1_convolution_on_the
     planned = _planned(model)
     kinds = [n.op_type for n in planned.graph.node if n.domain == native_rule.DOMAIN]
     assert kinds.count("Gemm") == 1 and sum("Depthwise" in k for k in kinds) == 3, kinds
-    monkeypatch.setattr(cpu_client, "SMALL_KERNELS", (0.0, 0.0))  # nothing is small: XLA's
+    monkeypatch.setattr(native_gemm, "SMALL_FLOPS", 0.0)  # nothing is small: XLA's
     assert not native_gemm.small_kernels(model)
     assert not [n for n in _planned(model).graph.node if n.domain == native_rule.DOMAIN]
-    monkeypatch.setattr(cpu_client, "SMALL_KERNELS", (1.5e6, 4e6))
+    monkeypatch.setattr(native_gemm, "SMALL_FLOPS", 1e7)
+    quantized = onnx.ModelProto()  # weights from a DequantizeLinear: nothing to count, not small
+    quantized.CopyFrom(model)
+    quantized.graph.node.insert(0, helper.make_node("Identity", ["p_w"], ["p_w_i"]))
+    quantized.graph.node[-1].input[1] = "p_w_i"
+    assert not native_gemm.small_kernels(quantized)
     x = RNG.standard_normal((1, 32, 24, 24)).astype(np.float32)
     _agrees(model, planned, x)
 

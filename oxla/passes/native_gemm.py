@@ -73,7 +73,8 @@ from onnx import (
     numpy_helper,
 )
 
-from oxla import cpu_client, native
+from oxla import native
+from oxla.cpu_client import CONVOLUTIONS
 from oxla.graph import attribute_value, inferred_types, model_opsets, node_reads, tensor_value
 from oxla.lowering.ops.conv_forms import STEM_CHANNELS, STEM_TAPS_TERMS
 from oxla.lowering.ops.native import (
@@ -97,6 +98,11 @@ MIN_OPSET = 11  # the function bodies' Slice and Clip read their bounds as input
 # with every 1x1 convolution native against 1.77 / 1.61 ms without; with this bound 1.64 / 1.63
 # against 1.64 / 1.63; EfficientNet-B0 keeps most of its gain (7.53 / 7.44 against 7.87 / 7.79).
 MIN_FLOPS = 2e7
+# In a model of small kernels (`small_kernels`) 1x1 and depthwise convolutions go to the kernel
+# from 1e5 flops (~2-3 us of work; an FFI call costs ~2.5 us): at 0, the tf2onnx CNN's 1x1 over 4
+# channels at 8x8 ran 1.17x and the Paddle SE CNN's 8-channel depthwise at 8x8 ~2x the time
+# (0.145 against 0.073 ms); MobileNetV3-small and the shipped mobilenet_small gain 1-6% at 0.
+SMALL_MIN_FLOPS = 1e5
 # Convolutions other than 1x1 go to the kernel at any size: XLA's forms of a small one are worse
 # than an FFI call. Its own convolution ran the shipped resnet_small 1.35-1.61x slower than the
 # im2col dot (`dot_last`: ~10 kernels a convolution, windows, their concatenation and the dot),
@@ -121,6 +127,7 @@ WINDOW = ("kernel_shape", "strides", "pads", "dilations")  # a Conv* node's attr
 # 3.40 -> 3.26, MobileNetV3-small (8) 1.62 -> 1.63 and 1.60 -> 1.64; with 3e6 the detector's 3
 # largest alone ran slower (3.31 -> 3.43), EfficientNet-B0's 8 gained less.
 DEPTHWISE_MIN_FLOPS = 1e6
+SMALL_DEPTHWISE_MIN_FLOPS = 1e5  # in a model of small kernels (see SMALL_MIN_FLOPS)
 DEPTHWISE = True  # False: depthwise convolutions stay XLA's (for measuring)
 # The instruction sets whose depthwise kernel beats XLA's taps inside a model. On AVX2 it loses:
 # AMD EPYC (Zen 3), default threads, against XLA's taps, short blocks in rotation:
@@ -189,24 +196,35 @@ def _pooled_values(nodes: Sequence[NodeProto]) -> set[str]:
 
 def _pointwise_min(small: bool) -> float:
     """The flops from which a 1x1 convolution goes to the kernel (`small_kernels`)."""
-    return 0.0 if small else MIN_FLOPS
+    return SMALL_MIN_FLOPS if small else MIN_FLOPS
 
 
 PRODUCTS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
+# A convolutional model doing fewer flops per node than this in its convolutions and products
+# runs on the one-thread client, its 1x1 and depthwise convolutions on oxla's kernels
+# (`small_kernels`). Counted so, MobileNetV3-small 0.9 M, ShuffleNetV2 0.4 M, EfficientNet-B0
+# 3.2 M, the detector 8.2 M, ResNet-50 67 M, the DBNet-style segmenter 166 M. Sessions with and
+# without, onnxruntime's blocks interleaved, default threads (2 cores): EfficientNet-B0 0.908,
+# the detector 0.757, ResNet-50 1.051, the DBNet-style segmenter 1.146 the time.
+SMALL_FLOPS = 1e7
 
 
 def small_kernels(model: ModelProto) -> bool:
-    """Whether the main graph's convolutions and products by constant weights (read before any
-    pass rewrites them) do fewer flops per node than `cpu_client.SMALL_KERNELS` allows a segment
-    of the pooled client: a model the executor will run on its one-thread client, where oxla's
-    kernels split their work with spinning helpers of their own (oxla/native/kernels.cc) and gain
-    from the second core where XLA's small loops do not. Such a model has every 1x1 convolution
-    (but squeeze-excitation branches) and every depthwise one on the kernels. Counted as XLA
-    counts: 2 x output elements x weights / output channels, a symbolic dim as 1."""
+    """Whether the main graph has convolutions (all of float32 initializer weights), and its convolutions and products by constant
+    weights (read before any pass rewrites them) do fewer than SMALL_FLOPS flops per node: a
+    model the executor runs on its one-thread client, where oxla's kernels split their work with
+    spinning helpers of their own (oxla/native/kernels.cc) and gain from the second core where
+    XLA's loops, and its pool's sleeping threads, do not. Such a model has every 1x1
+    convolution (but squeeze-excitation branches), every depthwise one and its classifier on
+    the kernels. Counted as XLA counts: 2 x output elements x weights / output channels, a
+    symbolic dim as 1."""
     graph = model.graph
-    if not graph.node:
-        return False
     inits = {t.name: t for t in graph.initializer}
+    convs = [n for n in graph.node if n.op_type in CONVOLUTIONS and n.domain in ("", "ai.onnx")]
+    # weights that are not float initializers (a quantized model's DequantizeLinear) count nothing
+    if not convs or any(len(n.input) < 2 or n.input[1] not in inits
+                        or inits[n.input[1]].data_type != TensorProto.FLOAT for n in convs):
+        return False
     try:
         values = {v.name: v for v in inferred_types(model).value_info}
     except Exception:  # the pass only loses a hint, never the model
@@ -221,7 +239,7 @@ def small_kernels(model: ModelProto) -> bool:
         channels = dims[1 if node.op_type.startswith("Conv") else -1] if len(dims) >= 2 else 0
         if channels > 0:
             flops += 2.0 * math.prod(dims) * math.prod(inits[node.input[1]].dims) / channels
-    return flops / len(graph.node) < cpu_client.SMALL_KERNELS[0]
+    return flops / len(graph.node) < SMALL_FLOPS
 
 
 def _pointwise(node: NodeProto) -> bool:
@@ -693,7 +711,8 @@ def depthwise_to_native(model: ModelProto, small: bool = False) -> int:
         return 0
     rows = _known_rows(model)
     candidates = [c for c in candidates
-                  if small or 2 * rows.get(c[0].output[0], 1) * c[1].size >= DEPTHWISE_MIN_FLOPS]
+                  if 2 * rows.get(c[0].output[0], 1) * c[1].size
+                  >= (SMALL_DEPTHWISE_MIN_FLOPS if small else DEPTHWISE_MIN_FLOPS)]
     if not candidates or not native.available():
         return 0
     g, removed, moved, _ = _rewriting(model, inits)
