@@ -871,6 +871,25 @@ def test_one_core_sessions_run_large_matmuls_on_the_kernel(identity: bool) -> No
     _agrees(model, planned, x)
 
 
+def test_exact_rows_leave_out_dims_shape_inference_could_not_compute() -> None:
+    """In a model of small kernels a product whose rows shape inference could not compute (after
+    ShuffleNetV2's Reshape-Transpose shuffles: unk__N dims) takes the rows of its nearest known
+    ancestor, where elsewhere they count as 1; the graph inputs' symbolic dims count as 1."""
+    model = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 8, 4] x, int64[3] shape) => (float[N, 8, 4] y) {
+            s = Reshape(x, shape)
+            y = Relu(x)
+        }
+    """)
+    rows, exact = native_gemm._known_rows(model), native_gemm._known_rows(model, exact=True)
+    assert rows["x"] == exact["x"] == 8 and rows["s"] == 1 and "s" not in exact
+    producers = {o: n for n in model.graph.node for o in n.output}
+    assert native_gemm._reaches(exact, "s", 10_000, 1e5, True, producers)  # x's 8 rows
+    assert not native_gemm._reaches(rows, "s", 10_000, 1e5, False, producers)  # 1 row
+    assert not native_gemm._reaches(exact, "s", 100, 1e5, True, producers)
+
+
 @needs_kernel
 def test_a_model_of_small_kernels_runs_its_classifier_on_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """MobileNetV3's head as torch exports it (Gemm with transB, HardSwish, Gemm): in a model of
