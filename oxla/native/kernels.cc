@@ -529,7 +529,11 @@ void parallel(PartFn fn, const void* ctx, int threads, double flops, ffi::Thread
         for (int i = 0; i < threads - 1; ++i) pool.Schedule([t, g] { t->work(g); });
       }
       t->work(g);
-      while (t->finished.load(std::memory_order_acquire) < t->chunks) _mm_pause();
+      // a part another thread took: if that thread lost its core, let it have this one
+      for (int n = 1; t->finished.load(std::memory_order_acquire) < t->chunks; ++n) {
+        _mm_pause();
+        if ((n & 1023) == 0) std::this_thread::yield();
+      }
       return;
     }
   }
