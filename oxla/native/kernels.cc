@@ -455,6 +455,12 @@ constexpr int CHUNKS_PER_THREAD = 2;
 // caller alone, 1.54 ms with a spinning helper (onnxruntime 1.36).
 // Spinning for 100 us instead: 3% slower; for 1000 us: equal.
 constexpr int64_t SPIN_NS = 300000;
+// A kernel takes no more helpers than gives each thread this much work (~1-2 us): on two cores
+// only kernels under 1e5 flops stay on the caller (models of small kernels send none of those
+// here: native_gemm.SMALL_MIN_FLOPS); a bound for machines with many cores, where a small
+// kernel cut into 2 parts per core would cost more in claims than it computes. Not measured
+// beyond two cores.
+constexpr double SPIN_FLOPS_PER_THREAD = 5e4;
 
 struct Helper {
   std::mutex m;
@@ -509,9 +515,12 @@ void post(Team* t, uint64_t g, int n) {
 
 // fn(ctx, part, parts) over every part on `threads` threads: the intra-op pool's where it has
 // enough, when the work is worth a wake (below 4e5 flops, ~3 us); else oxla's spinning helpers,
-// whatever the work (at least 1e5 or 4e5 flops: MobileNetV3-small 1.01x and 1.06x the time).
+// up to SPIN_FLOPS_PER_THREAD (a bound of 1e5 or 4e5 flops for any helper: MobileNetV3-small
+// 1.01x and 1.06x the time).
 void parallel(PartFn fn, const void* ctx, int threads, double flops, ffi::ThreadPool& pool) {
   bool spin = pool.num_threads() < threads;
+  if (spin && flops < SPIN_FLOPS_PER_THREAD * threads)  // (below 1e5 flops: the caller alone)
+    threads = std::max(1, (int)(flops / SPIN_FLOPS_PER_THREAD));
   if (threads > 1 && (spin || flops >= 4e5)) {
     Team* t = team();
     std::unique_lock<std::mutex> lock(t->busy, std::try_to_lock);
