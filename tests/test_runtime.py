@@ -438,28 +438,37 @@ def test_small_models_take_feeds_and_give_results_in_one_buffer() -> None:
     assert sess.compiled.stats.compiles == 1
 
 
-def test_packed_path_from_threads_and_with_device_feeds() -> None:
-    """Callers racing for the staging buffer each get their own results (one takes the unpacked
-    path while another holds it); device arrays as feeds skip the staging copy."""
-    sess = oxla.InferenceSession(PACKABLE.SerializeToString())
-    sess.run(None, _packable_feeds(0))
+def _in_threads(fn: Callable[[int], None], n: int) -> None:
+    """fn(0) ... fn(n - 1) at once on n threads; the first failure is raised here."""
     errors: list[BaseException] = []
 
-    def calls(seed: int) -> None:
+    def run(k: int) -> None:
         try:
-            for n in range(200):
-                feeds = _packable_feeds(seed * 1000 + n)
-                for out, want in zip(sess.run(None, feeds), _packable_expected(feeds), strict=True):
-                    np.testing.assert_array_equal(out, want)
+            fn(k)
         except BaseException as e:  # reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=calls, args=(seed,)) for seed in range(3)]
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert not errors, errors[0]
+
+
+def test_packed_path_from_threads_and_with_device_feeds() -> None:
+    """Callers racing for the staging buffer each get their own results (one takes the unpacked
+    path while another holds it); device arrays as feeds skip the staging copy."""
+    sess = oxla.InferenceSession(PACKABLE.SerializeToString())
+    sess.run(None, _packable_feeds(0))
+
+    def calls(seed: int) -> None:
+        for n in range(200):
+            feeds = _packable_feeds(seed * 1000 + n)
+            for out, want in zip(sess.run(None, feeds), _packable_expected(feeds), strict=True):
+                np.testing.assert_array_equal(out, want)
+
+    _in_threads(calls, 3)
     feeds = _packable_feeds(7)
     with oxla.x64():
         device = {n: jax.device_put(v) for n, v in feeds.items()}
@@ -546,20 +555,11 @@ def test_small_kernels_run_on_the_one_thread_client_its_kernels_on_spinning_help
     for x, w in zip(images, want):
         np.testing.assert_allclose(sess.run(None, {"image": x})[0], w, rtol=1e-4, atol=1e-5)
     assert sess.compiled.plan.one_thread and cpu_client.is_single_thread(sess.compiled._executor.device)
-    errors: list[BaseException] = []
 
     def caller(k: int) -> None:
-        try:
-            for i in range(20):
-                j = (i + k) % len(images)
-                np.testing.assert_allclose(sess.run(None, {"image": images[j]})[0], want[j],
-                                           rtol=1e-4, atol=1e-5)
-        except BaseException as e:  # reported below
-            errors.append(e)
+        for i in range(20):
+            j = (i + k) % len(images)
+            np.testing.assert_allclose(sess.run(None, {"image": images[j]})[0], want[j],
+                                       rtol=1e-4, atol=1e-5)
 
-    threads = [threading.Thread(target=caller, args=(k,)) for k in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    _in_threads(caller, 2)
