@@ -129,7 +129,8 @@ WINDOW = ("kernel_shape", "strides", "pads", "dilations")  # a Conv* node's attr
 DEPTHWISE_MIN_FLOPS = 1e6
 SMALL_DEPTHWISE_MIN_FLOPS = 1e5  # in a model of small kernels (see SMALL_MIN_FLOPS)
 DEPTHWISE = True  # False: depthwise convolutions stay XLA's (for measuring)
-# The instruction sets whose depthwise kernel beats XLA's taps inside a model. On AVX2 it loses:
+# The instruction sets whose depthwise kernel beats XLA's taps inside a model on the pooled client
+# (a model of small kernels, `small_kernels`, takes it on any). On AVX2 it loses:
 # AMD EPYC (Zen 3), default threads, against XLA's taps, short blocks in rotation:
 # MobileNetV3-small +13%, EfficientNet-B0 +6%, +7-11% without pre-activations, the detector
 # +15%. At one thread the kernel recomputes a pre-activation for each kernel row that loads a
@@ -193,7 +194,7 @@ def _reaches(rows: dict[str, int], name: str, size: int, bound: float, small: bo
     model of small kernels `rows` are exact, and a value of unknown rows takes those of its
     nearest ancestor (through first inputs) whose rows are known: ShuffleNetV2's shuffles (a
     Reshape to a computed shape) leave dims unknown, and counted as 1 row, 16 of its 36 1x1
-    convolutions stayed XLA's (13% slower)."""
+    convolutions stayed XLA's (1.15x the time)."""
     known = rows.get(name)
     seen = {name}
     while small and known is None and (p := producers.get(name)) is not None and p.input \
@@ -233,8 +234,9 @@ SMALL_FLOPS = 1e7
 
 
 def small_kernels(model: ModelProto) -> bool:
-    """Whether the main graph has convolutions (all of float32 initializer weights), and its convolutions and products by constant
-    weights (read before any pass rewrites them) do fewer than SMALL_FLOPS flops per node: a
+    """Whether the main graph has convolutions (all of float32 initializer weights), and its
+    convolutions and products by constant weights (read before any pass rewrites them) do
+    fewer than SMALL_FLOPS flops per node: a
     model the executor runs on its one-thread client, where oxla's kernels split their work with
     spinning helpers of their own (oxla/native/kernels.cc) and gain from the second core where
     XLA's loops, and its pool's sleeping threads, do not. Such a model has every 1x1
@@ -720,8 +722,8 @@ def _depthwise(node: NodeProto, producers: dict[str, NodeProto], inits: dict[str
 
 def depthwise_to_native(model: ModelProto, small: bool = False) -> int:
     """Rewrite the eligible depthwise convolutions of the main graph (`DEPTHWISE`); returns how
-    many. `small`: the model runs on the one-thread client (`small_kernels`), every depthwise
-    convolution on the kernel whatever the instruction set."""
+    many. `small`: the model runs on the one-thread client (`small_kernels`): its depthwise
+    convolutions of SMALL_DEPTHWISE_MIN_FLOPS go to the kernel whatever the instruction set."""
     if not DEPTHWISE or (native.isa() not in DEPTHWISE_ISAS and not small):
         return 0
     opsets, inits, producers = _tables(model)
