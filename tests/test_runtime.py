@@ -238,26 +238,35 @@ def test_overriding_a_parameter_does_not_recompile_per_value() -> None:
     assert sess.compiled.stats.compiles == 2
 
 
-def _threads_equal_serial(run: Callable[[int], list[np.ndarray]], count: int = 8, rounds: int = 6) -> None:
-    serial = {i: run(i) for i in range(count)}
+def _in_threads(fn: Callable[[int], None], n: int) -> None:
+    """fn(0) ... fn(n - 1) at once on n threads; the first failure is raised here."""
     errors: list[BaseException] = []
-    results: dict[tuple[int, int], list[np.ndarray]] = {}
-    start = threading.Barrier(count)
 
-    def work(i: int) -> None:
+    def run(k: int) -> None:
         try:
-            start.wait()
-            for r in range(rounds):
-                results[i, r] = run(i)
-        except BaseException as e:  # reported below, with the thread's own traceback
+            fn(k)
+        except BaseException as e:  # reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(count)]
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert not errors, errors
+    assert not errors, errors[0]
+
+
+def _threads_equal_serial(run: Callable[[int], list[np.ndarray]], count: int = 8, rounds: int = 6) -> None:
+    serial = {i: run(i) for i in range(count)}
+    results: dict[tuple[int, int], list[np.ndarray]] = {}
+    start = threading.Barrier(count)
+
+    def work(i: int) -> None:
+        start.wait()
+        for r in range(rounds):
+            results[i, r] = run(i)
+
+    _in_threads(work, count)
     for (i, _), got in results.items():
         for g, w in zip(got, serial[i]):
             np.testing.assert_array_equal(g, w)
@@ -436,24 +445,6 @@ def test_small_models_take_feeds_and_give_results_in_one_buffer() -> None:
     for out, want in zip(device, _packable_expected(results[1][0]), strict=True):
         np.testing.assert_array_equal(np.asarray(out), want)
     assert sess.compiled.stats.compiles == 1
-
-
-def _in_threads(fn: Callable[[int], None], n: int) -> None:
-    """fn(0) ... fn(n - 1) at once on n threads; the first failure is raised here."""
-    errors: list[BaseException] = []
-
-    def run(k: int) -> None:
-        try:
-            fn(k)
-        except BaseException as e:  # reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(k,)) for k in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
 
 
 def test_packed_path_from_threads_and_with_device_feeds() -> None:

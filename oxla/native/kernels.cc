@@ -500,7 +500,7 @@ std::vector<Helper*>* helpers = new std::vector<Helper*>();
                                                    [] { helpers = new std::vector<Helper*>(); });
 
 // Post generation g's parts to `n` helpers (started on first use), waking any that sleeps.
-void post(Team* t, uint64_t g, int n) {
+void post_to_helpers(Team* t, uint64_t g, int n) {
   while ((int)helpers->size() < n) {
     Helper* h = new Helper();
     try {
@@ -538,7 +538,7 @@ void parallel(PartFn fn, const void* ctx, int threads, double flops, ffi::Thread
       t->chunks = CHUNKS_PER_THREAD * threads;
       t->finished.store(0, std::memory_order_relaxed);
       if (spin) {
-        post(t, g, threads - 1);
+        post_to_helpers(t, g, threads - 1);
       } else {
         t->ticket.store(g << 32, std::memory_order_release);
         for (int i = 0; i < threads - 1; ++i) pool.Schedule([t, g] { t->work(g); });

@@ -223,7 +223,7 @@ def _pointwise_min(small: bool) -> float:
     return SMALL_MIN_FLOPS if small else MIN_FLOPS
 
 
-PRODUCTS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
+COUNTED = CONVOLUTIONS | {"MatMul", "Gemm"}  # the products `small_kernels` counts
 # A convolutional model doing fewer flops per node than this in its convolutions and products
 # runs on the one-thread client, its 1x1 and depthwise convolutions on oxla's kernels
 # (`small_kernels`). Counted so, MobileNetV3-small 0.9 M, ShuffleNetV2 0.4 M, EfficientNet-B0
@@ -256,7 +256,7 @@ def small_kernels(model: ModelProto) -> bool:
         return False
     flops = 0.0
     for node in graph.node:
-        if node.op_type not in PRODUCTS or len(node.input) < 2 or node.input[1] not in inits \
+        if node.op_type not in COUNTED or len(node.input) < 2 or node.input[1] not in inits \
                 or node.output[0] not in values:
             continue
         shape = values[node.output[0]].type.tensor_type.shape
