@@ -638,7 +638,7 @@ def test_a_model_of_small_kernels_has_every_depthwise_and_1x1_convolution_on_the
         monkeypatch: pytest.MonkeyPatch) -> None:
     """`small_kernels` (what sends a convolutional model to the one-thread client, where oxla's
     kernels spin up helpers of their own) judges from shape inference before the passes, on
-    float weights only; such a model has its
+    float weights and fixed image sizes only; such a model has its
     depthwise convolutions on the kernel whatever DEPTHWISE_ISAS and DEPTHWISE_MIN_FLOPS say,
     and its 1x1 ones whatever MIN_FLOPS says; results agree with onnxruntime."""
     monkeypatch.undo()  # this module plans as for large kernels; here the rule itself decides
@@ -664,6 +664,10 @@ def test_a_model_of_small_kernels_has_every_depthwise_and_1x1_convolution_on_the
     quantized.graph.node.insert(0, helper.make_node("Identity", ["p_w"], ["p_w_i"]))
     quantized.graph.node[-1].input[1] = "p_w_i"
     assert not native_gemm.small_kernels(quantized)
+    dynamic = onnx.ModelProto()  # an image size left to run time: XLA's count on the shapes fed
+    dynamic.CopyFrom(model)
+    dynamic.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "H"
+    assert not native_gemm.small_kernels(dynamic)
     x = RNG.standard_normal((1, 32, 24, 24)).astype(np.float32)
     _agrees(model, planned, x)
 

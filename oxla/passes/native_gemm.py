@@ -234,8 +234,8 @@ SMALL_FLOPS = 1e7
 
 
 def small_kernels(model: ModelProto) -> bool:
-    """Whether the main graph has convolutions (all of float32 initializer weights), and its
-    convolutions and products by constant weights (read before any pass rewrites them) do
+    """Whether the main graph has convolutions (all of float32 initializer weights) and inputs of
+    fixed sizes but their batch, and its convolutions and products by constant weights (read before any pass rewrites them) do
     fewer than SMALL_FLOPS flops per node: a
     model the executor runs on its one-thread client, where oxla's kernels split their work with
     spinning helpers of their own (oxla/native/kernels.cc) and gain from the second core where
@@ -249,6 +249,11 @@ def small_kernels(model: ModelProto) -> bool:
     # weights that are not float initializers (a quantized model's DequantizeLinear) count nothing
     if not convs or any(len(n.input) < 2 or n.input[1] not in inits
                         or inits[n.input[1]].data_type != TensorProto.FLOAT for n in convs):
+        return False
+    # an image size left to run time (a symbolic dim past the batch's) cannot be counted here:
+    # XLA's cost analysis of the first segment, on the shapes fed, decides
+    if any(not d.HasField("dim_value") for i in graph.input if i.name not in inits
+           for d in i.type.tensor_type.shape.dim[1:]):
         return False
     try:
         values = {v.name: v for v in inferred_types(model).value_info}
