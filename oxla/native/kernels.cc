@@ -28,6 +28,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <pthread.h>
+#include <unistd.h>
 #include <mutex>
 #include <string>
 #include <system_error>
@@ -104,9 +105,23 @@ constexpr int NR = 32;  // columns per packed panel (Python's pack())
 // registers; AVX2: 6 x 16 in 12 of its 16), a panel of 32 columns taken in NR / TC tiles.
 constexpr int TC = 2 * L;
 constexpr int MR = L == 16 ? 12 : 6;
-// W's packed panels read in place while W fits in half of L2; above that each thread first packs
-// its rows of X so that one panel of W stays in cache across all of them.
-constexpr int64_t DIRECT_W_BYTES = 1 << 20;
+// The GEMM reads W's packed panels in place while W fits in half of this core's L2 (asked once;
+// 1 MiB where the C library cannot say); above that each thread first packs its rows of X so that
+// one panel of W stays in cache across all of them, where in place every block of MR rows passed
+// over all of W, from L3. On Zen 3 (512 KiB L2) this was 1 MiB: the kernel alone, two threads /
+// one, 196x256x1024 and 196x1024x256 (W 1 MiB) 0.84-0.90x / 0.90-0.93x the time, 784x256x512
+// and 784x512x256 (W 512 KiB) 0.92-0.97x / 0.95-0.97x, the others equal; ResNet-50 0.975x and
+// the DBNet-style segmenter 0.978x at default threads.
+int64_t direct_w_bytes() {
+  static const int64_t bytes = [] {
+    long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return l2 > 0 ? (int64_t)l2 / 2 : (int64_t)1 << 20;
+  }();
+  return bytes;
+}
+// The convolution's own bound (conv_range), measured apart: at half of Zen 3's L2 its 3x3
+// 128 -> 128 layers at 28x28 ran 1.15x the time.
+constexpr int64_t CONV_WIDE_W_BYTES = 1 << 20;
 
 enum Act : int64_t { NONE = 0, RELU = 1, CLIP = 2, SILU = 3, HARD_SWISH = 4 };
 
@@ -606,7 +621,7 @@ ffi::Error Sgemm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi:
   j.act = act;
   j.lo = lo;
   j.hi = hi;
-  j.direct = K * N * 4 <= DIRECT_W_BYTES;
+  j.direct = K * N * 4 <= direct_w_bytes();
   double flops = 2.0 * (double)M * (double)K * (double)N;
   parallel(gemm_part, &j, usable(threads, pool), flops, pool);  // below, ~3 us of work
   return ffi::Error::Success();
@@ -677,7 +692,7 @@ void im2col_rows(const ConvJob& j, int64_t m0, int r, float* dst) {
 }
 
 // Im2col rows held per group of blocks: while they fit here, one panel of W (K x 32) passes over
-// all of them. A W over DIRECT_W_BYTES is read once per group, so its groups are as large as
+// all of them. A W over CONV_WIDE_W_BYTES is read once per group, so its groups are as large as
 // CONV_ROWS_MAX_BYTES allows (512 channels at 7x7: 49 rows of 4608, W 9.4 MB read once, not once
 // per block).
 constexpr int64_t CONV_ROWS_BYTES = 128 << 10;
@@ -685,7 +700,7 @@ constexpr int64_t CONV_ROWS_MAX_BYTES = 4 << 20;
 
 void conv_range(const ConvJob& j, int64_t b0, int64_t b1, int64_t p0, int64_t p1) {
   int64_t row_bytes = MR * j.K * (int64_t)sizeof(float);
-  bool wide = j.K * ((j.M + NR - 1) / NR) * NR * (int64_t)sizeof(float) > DIRECT_W_BYTES;
+  bool wide = j.K * ((j.M + NR - 1) / NR) * NR * (int64_t)sizeof(float) > CONV_WIDE_W_BYTES;
   // no channels (K = 0): the bias alone, every block in one group
   int64_t group = row_bytes ? (wide ? CONV_ROWS_MAX_BYTES : CONV_ROWS_BYTES) / row_bytes : b1 - b0;
   if (group < 1) group = 1;
