@@ -107,7 +107,8 @@ def prepare(model: ModelProto, options: Options) -> tuple[DispatchTable, bool]:
                 if options.native_threads:
                     depthwise_to_native(model, small)  # before PadAheadPass: it pads in the kernel
                 pad_ahead(model)
-                convs_to_winograd(model)
+                convs_to_winograd(model, native=bool(options.native_threads
+                                                     or options.native_convs))
                 if options.native_threads:
                     convs_to_native(model, small=small)
                 elif options.native_convs:  # one core: the kernels on one thread

@@ -15,7 +15,7 @@ from oxla import cpu_client, native, plan
 from oxla.lowering.context import Options
 from oxla.lowering.ops import native as native_rule
 from oxla.lowering.ops.elementwise import sigmoid
-from oxla.passes import native_gemm
+from oxla.passes import native_gemm, winograd
 
 RNG = np.random.default_rng(0)
 needs_kernel = pytest.mark.skipif(not native.available(),
@@ -26,9 +26,12 @@ needs_kernel = pytest.mark.skipif(not native.available(),
 def _depthwise_here(monkeypatch):
     """The depthwise pass's tests run on whatever instruction set the kernels were built for
     (the pass itself takes it only where it beats XLA's taps: `DEPTHWISE_ISAS`), and plan as for a
-    model of large kernels (`small_kernels` is tested on its own)."""
+    model of large kernels (`small_kernels` is tested on its own); their 3x3 convolutions run on
+    the implicit-GEMM kernel, not the Winograd one (tests/test_native_winograd.py)."""
     monkeypatch.setattr(native_gemm, "DEPTHWISE_ISAS", frozenset({native.isa()}))
     monkeypatch.setattr(plan, "small_kernels", lambda model: False)
+    monkeypatch.setattr(native_gemm, "WINOGRAD", False)
+    monkeypatch.setattr(winograd, "NATIVE_MIN_CHANNELS", winograd.MIN_CHANNELS)
 
 
 def _reference(x, w, b, r, act, lo=0.0, hi=0.0):

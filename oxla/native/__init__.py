@@ -40,6 +40,7 @@ DEPTHWISE_TARGET = "oxla_sdwconv"
 GRU_TARGET = "oxla_sgru"
 LSTM_TARGET = "oxla_slstm"
 STEM_TARGET = "oxla_sstem"
+WINOGRAD_TARGET = "oxla_swino"
 
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}
@@ -115,6 +116,8 @@ def _load() -> None:
     jax.ffi.register_ffi_target(GRU_TARGET, jax.ffi.pycapsule(lib.OxlaSgru), platform="cpu")
     jax.ffi.register_ffi_target(LSTM_TARGET, jax.ffi.pycapsule(lib.OxlaSlstm), platform="cpu")
     jax.ffi.register_ffi_target(STEM_TARGET, jax.ffi.pycapsule(lib.OxlaSstem), platform="cpu")
+    jax.ffi.register_ffi_target(WINOGRAD_TARGET, jax.ffi.pycapsule(lib.OxlaSwino),
+                                platform="cpu")
     _STATE["lib"] = lib
 
 

@@ -19,8 +19,16 @@ models: image stems that `conv_forms.choose_last` runs as fused taps (at most ST
 channels and STEM_TAPS_TERMS terms: they fuse the input's transpose and the next layer's pad), and
 on instruction sets not in STEM_ISAS every image stem (AVX2: XLA's convolution wins); and
 padded 1x1 convolutions (PadAheadPass's producers, whose border XLA fuses into the next loop).
-Winograd layers (WinogradPass, before this pass) stay Winograd: with them made native instead,
-ResNet-50 and the DBNet-style segmenter ran slower.
+Winograd layers (WinogradPass's `oxla.winograd::Conv`, before this pass) become
+`oxla.native::Wino*` nodes (WINOGRAD), their epilogue folded the same way: the kernel's Winograd
+F(2x2, 3x3) reads U packed here as 16 products' W, (16, panels, C, 32), and runs the input
+transform, the 16 products (the GEMM's micro-tiles) and the output transform with bias, residual
+and activation per block of tiles, in cache. With oxla's kernels, WinogradPass takes layers from
+16 channels (`winograd.NATIVE_MIN_CHANNELS`). Against XLA's Winograd form (its transforms and a
+batched dot) and the implicit-GEMM kernel for the narrower layers, sessions in one process with
+onnxruntime's blocks interleaved: default threads, ResNet-50 0.947x the time (1.08x onnxruntime),
+the DBNet-style segmenter 0.755x (0.83x onnxruntime); one thread 0.923x and 0.717x; the detector
+(one layer) 0.92x (docs/benchmarks.md, eighteenth round).
 
 `stems_to_native`, which the planner runs first, makes image stems (a Conv over at most
 STEM_CHANNELS channels whose X is ChannelsLastPass's transpose of the model's channels-first
@@ -84,7 +92,10 @@ from oxla.lowering.ops.native import (
     depthwise_op_type,
     op_type,
 )
+from oxla.lowering.ops.winograd import DOMAIN as WINOGRAD_DOMAIN
+from oxla.lowering.ops.winograd import P as WINOGRAD_P
 from oxla.passes.channels_last import DOMAIN as LAST
+from oxla.passes.channels_last import TO_FIRST, TO_LAST
 from oxla.passes.weight_layout import conv_hwio, plain_conv_attributes
 
 SUFFIX = "__oxla_packed"
@@ -120,6 +131,9 @@ MATMUL_MIN_DIM = 512
 # Convolutions other than 1x1 (group 1, 2-D) run on the kernel's implicit-GEMM form too (False:
 # XLA's, for measuring).
 CONVS = True
+# WinogradPass's layers (`oxla.winograd::Conv`) run on the kernel's Winograd F(2x2, 3x3) (False:
+# XLA's transforms and batched dot, for measuring): see WINOGRAD_NOTE below.
+WINOGRAD = True
 WINDOW = ("kernel_shape", "strides", "pads", "dilations")  # a Conv* node's attributes
 # Depthwise convolutions known to be smaller stay XLA's (2 x output pixels x channels x taps):
 # an FFI call costs ~2.5 us. Both orders in one process, default threads, against none native:
@@ -467,6 +481,21 @@ def _beside_depthwise(node: NodeProto, producers: dict[str, NodeProto],
     return False
 
 
+def _winograd(node: NodeProto, inits: dict[str, TensorProto]
+              ) -> tuple[np.ndarray, str, np.ndarray | None] | None:
+    """(U (4, 4, C, M) float32, its initializer's name, the (M,) bias or None) of a
+    WinogradPass layer the kernel can run, or None."""
+    if not (WINOGRAD and node.op_type == "Conv" and node.domain == WINOGRAD_DOMAIN
+            and len(node.input) >= 2 and node.input[1] in inits):
+        return None
+    name = node.input[1]
+    u = tensor_value(name, lambda: numpy_helper.to_array(inits[name]))
+    if u.dtype != np.float32 or u.ndim != 4 or u.shape[:2] != (4, 4) or min(u.shape[2:]) < 1:
+        return None
+    plain, b = _bias(node, inits, u.shape[3])
+    return (u, name, b) if plain else None
+
+
 def convs_to_native(model: ModelProto, beside_depthwise: bool = True, small: bool = False) -> int:
     """Rewrite the eligible convolutions (Gemm* for 1x1, Conv* for the others) of the main graph;
     returns how many. With beside_depthwise False (sessions on one core), a convolution whose X a
@@ -480,20 +509,43 @@ def convs_to_native(model: ModelProto, beside_depthwise: bool = True, small: boo
     graph = model.graph
     candidates = [(node, *found) for node in graph.node
                   if (found := _product(node, producers, inits)) is not None]
-    if not candidates:
+    winograd = [(node, *taken) for node in graph.node
+                if (taken := _winograd(node, inits)) is not None]
+    if not candidates and not winograd:
         return 0
-    rows = _known_rows(model, exact=small)
     pooled = _pooled_values(graph.node)
-    candidates = [c for c in candidates if c[0].input[0] not in pooled and _reaches(
-        rows, c[0].output[0] if c[0].output[0] in rows else c[0].input[0], c[1].size,
-        _pointwise_min(small) if c[4] is None else CONV_MIN_FLOPS, small, producers)]
+    if candidates:
+        rows = _known_rows(model, exact=small)
+        candidates = [c for c in candidates if c[0].input[0] not in pooled and _reaches(
+            rows, c[0].output[0] if c[0].output[0] in rows else c[0].input[0], c[1].size,
+            _pointwise_min(small) if c[4] is None else CONV_MIN_FLOPS, small, producers)]
+    winograd = [c for c in winograd if c[0].input[0] not in pooled]
     # packed: an OIHW initializer read by several convolutions is packed once
     g, removed, moved, packed = _rewriting(model, inits)
     if not beside_depthwise:
         candidates = [c for c in candidates if not _beside_depthwise(c[0], producers, g.readers)]
-    if not candidates or not native.available():  # built (first use) only for a model that needs it
+        winograd = [c for c in winograd if not _beside_depthwise(c[0], producers, g.readers)]
+    if not (candidates or winograd) or not native.available():  # built (first use) only for a model that needs it
         return 0
     count = 0
+    for node, u, name, b in winograd:
+        bias = np.zeros(u.shape[3], np.float32) if b is None else b
+        fold = _fold(g, node.output[0])
+        if name not in packed:
+            packed[name] = name + SUFFIX
+            flat = u.reshape(16, u.shape[2], u.shape[3])
+            graph.initializer.append(numpy_helper.from_array(
+                np.stack([native.pack(flat[p]) for p in range(16)]), packed[name]))
+        bias_name = f"{node.output[0]}{BIAS_SUFFIX}"
+        graph.initializer.append(numpy_helper.from_array(bias, bias_name))
+        inputs = [node.input[0], packed[name], bias_name]
+        if fold.residual:
+            inputs.append(fold.residual)
+        if fold.bounds:
+            inputs.extend(fold.bounds)
+        _rewrite(g, node, op_type(bool(fold.residual), fold.activation, "Wino"), inputs, {}, fold,
+                 removed, moved)
+        count += 1
     for node, kernel, names, b, window in candidates:
         bias = np.zeros(kernel.shape[1], np.float32) if b is None else b
         fold = _fold(g, node.output[0])
@@ -921,6 +973,8 @@ def _body(name: str, opset: int) -> FunctionProto:
     what the op type names."""
     if "Depthwise" in name:
         return _depthwise_body(name, opset)
+    if name.startswith("Wino"):
+        return _winograd_body(name, opset)
     base = name[:4]
     residual = name[4:].startswith("Add")
     activation = name[len(base) + (3 if residual else 0):]
@@ -1034,3 +1088,48 @@ def _depthwise_body(name: str, opset: int) -> FunctionProto:
     return helper.make_function(DOMAIN, name, inputs, ["Y"], nodes,
                                 [helper.make_opsetid("", opset)],
                                 attributes=["strides", "pads", "dilations", "group"])
+
+
+def _winograd_body(name: str, opset: int) -> FunctionProto:
+    """Wino[Add][activation] as standard ONNX: U (4, 4, C, N) unpacked from its 16 packed
+    products, the kernel g = P U P^T, then Conv (padding 1) between transposes, the residual and
+    the activation."""
+    residual = name[4:].startswith("Add")
+    activation = name[4 + (3 if residual else 0):]
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"no body for oxla.native::{name}")
+    inputs = ["X", "W", "B", *(["R"] if residual else []),
+              *(["lo", "hi"] if activation == "Clip" else [])]
+    ints = TensorProto.INT64
+    p = numpy_helper.from_array(WINOGRAD_P.astype(np.float32), "P")
+    pt = numpy_helper.from_array(np.ascontiguousarray(WINOGRAD_P.T.astype(np.float32)), "PT")
+    sum_ = "Z" if residual else "A"
+    nodes = [
+        helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("zero", ints, [1], [0])),
+        helper.make_node("Constant", [], ["one"], value=helper.make_tensor("one", ints, [1], [1])),
+        helper.make_node("Constant", [], ["two"], value=helper.make_tensor("two", ints, [1], [2])),
+        helper.make_node("Constant", [], ["flat"],
+                         value=helper.make_tensor("flat", ints, [3], [0, 0, -1])),
+        helper.make_node("Constant", [], ["grid"],
+                         value=helper.make_tensor("grid", ints, [3], [4, 4, -1])),
+        helper.make_node("Constant", [], ["P"], value=p),
+        helper.make_node("Constant", [], ["PT"], value=pt),
+        helper.make_node("Transpose", ["W"], ["W_k"], perm=[0, 2, 1, 3]),       # (16, C, P, 32)
+        helper.make_node("Reshape", ["W_k", "flat"], ["W_padded"]),             # (16, C, 32 P)
+        helper.make_node("Shape", ["B"], ["n"]),
+        helper.make_node("Slice", ["W_padded", "zero", "n", "two", "one"], ["U_flat"]),
+        helper.make_node("Concat", ["grid", "n"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["U_flat", "shape"], ["U"]),                # (4, 4, C, N)
+        helper.make_node("Transpose", ["U"], ["U_cm"], perm=[2, 3, 0, 1]),      # (C, N, 4, 4)
+        helper.make_node("MatMul", ["P", "U_cm"], ["left"]),                    # (C, N, 3, 4)
+        helper.make_node("MatMul", ["left", "PT"], ["g_cm"]),                   # (C, N, 3, 3)
+        helper.make_node("Transpose", ["g_cm"], ["W_oihw"], perm=[1, 0, 2, 3]),
+        helper.make_node("Transpose", ["X"], ["X_first"], perm=list(TO_FIRST)),
+        helper.make_node("Conv", ["X_first", "W_oihw", "B"], ["Y_first"], pads=[1, 1, 1, 1]),
+        helper.make_node("Transpose", ["Y_first"], [sum_], perm=list(TO_LAST)),
+    ]
+    if residual:
+        nodes.append(helper.make_node("Add", ["Z", "R"], ["A"]))
+    nodes += _activation_nodes(activation, opset)
+    return helper.make_function(DOMAIN, name, inputs, ["Y"], nodes,
+                                [helper.make_opsetid("", opset)])

@@ -8,6 +8,9 @@ dropped where nothing else reads it. Narrower layers stay XLA's convolution: at 
 56x56 the two took the same time, and each Winograd layer adds compile time (ResNet-50's first
 call 1.28 -> 1.55 s with the 10 layers of 128 channels or more, 1.8 s with the 13 of 64 or more).
 Layers whose output shape inference finds small (at most MAX_SMALL_TILES tiles) stay too.
+Where the plan runs oxla's native kernels (`native`), layers from NATIVE_MIN_CHANNELS channels
+are taken: NativeGemmPass then makes them `oxla.native::Wino*`, oxla's Winograd kernel, which
+does not add XLA kernels (one custom call a layer) and wins at 64 channels too.
 
 The planned model stays a valid ONNX model: the op has a model-local function body that turns
 U back into the kernel (g = P U P^T, P G = I) and runs the standard Conv between transposes.
@@ -20,6 +23,7 @@ import math
 import numpy as np
 from onnx import FunctionProto, ModelProto, NodeProto, helper, numpy_helper
 
+from oxla import native as oxla_native
 from oxla.graph import inferred_types, model_opsets, node_reads
 from oxla.lowering.ops.winograd import DOMAIN, P, kernel_transform
 from oxla.passes.channels_last import DOMAIN as LAST
@@ -28,6 +32,11 @@ from oxla.passes.weight_layout import conv_hwio, plain_conv_attributes
 
 SUFFIX = "__oxla_winograd"
 MIN_CHANNELS = 128
+# With oxla's native kernels (NativeGemmPass makes these layers `oxla.native::Wino*`, its Winograd
+# kernel) from this many input and output channels: the kernel against its implicit-GEMM
+# convolution, two threads, 24 -> 40 channels at 9x9 0.88x the time, 64 at 56x56 and 80x80
+# 0.65-0.68x, 3 -> 17 at 5x5 1.10x.
+NATIVE_MIN_CHANNELS = 16
 # A layer whose output is known (from shape inference) to be at most this many 2x2 tiles stays
 # XLA's convolution: at 7x7 (16 tiles) the transformed kernels (16 x C x M, 16.8 MB at 512
 # channels) are read for 16 tiles only, and XLA's convolution was faster. ResNet-50 (two such
@@ -67,8 +76,11 @@ def _small_outputs(model: ModelProto) -> set[str]:
     return small
 
 
-def convs_to_winograd(model: ModelProto) -> int:
-    """Rewrite the eligible channels-last Convs of the main graph; returns how many."""
+def convs_to_winograd(model: ModelProto, native: bool = False) -> int:
+    """Rewrite the eligible channels-last Convs of the main graph; returns how many. With
+    `native` (the plan runs oxla's kernels, which take these layers over), layers from
+    NATIVE_MIN_CHANNELS channels."""
+    least = NATIVE_MIN_CHANNELS if native and oxla_native.available() else MIN_CHANNELS
     graph = model.graph
     fed = {i.name for i in graph.input}
     inits = {t.name: t for t in graph.initializer if t.name not in fed}
@@ -88,7 +100,7 @@ def convs_to_winograd(model: ModelProto) -> int:
             continue
         hwio, names = found
         if hwio.dtype != np.float32 or hwio.shape[:2] != (3, 3) \
-                or min(hwio.shape[2], hwio.shape[3]) < MIN_CHANNELS \
+                or min(hwio.shape[2], hwio.shape[3]) < least \
                 or any(readers.get(n, 0) != 1 or n in outputs for n in names):
             continue
         if small is None:

@@ -21,6 +21,11 @@ X (N, C, H, W), the model's image before the transpose ChannelsLastPass put at t
 with a channels-last Y (N, OH, OW, M); W packed as Conv*'s, the same attributes, and out_pads:
 Y zero padded (ONNX Pad's 8 pads, on its height and width only; the next Conv's padding).
 
+Wino* (Wino, WinoRelu, WinoAddRelu, ...) is a 3x3 convolution (stride 1, dilation 1, padding 1)
+of a channels-last X by Winograd F(2x2, 3x3): W is its transform U = G g G^T (4, 4, C, M) as 16
+(C, M) products, each packed like a GEMM's W: (16, ceil(M / 32), C, 32); B, R and the
+activation as Gemm*'s.
+
 Depthwise* (Depthwise, DepthwiseRelu, ...) is a 2-D depthwise convolution (group = channels, one
 output channel each) of a channels-last X: W is (KH, KW, C), B (C,), the node carries strides,
 pads, dilations and group (= C, for its function body) as ONNX's Conv does.
@@ -37,6 +42,7 @@ from jax import lax
 
 from oxla import native
 from oxla.lowering.ops.elementwise import sigmoid
+from oxla.lowering.ops.winograd import convolve
 from oxla.lowering.registry import rule
 
 DOMAIN = "oxla.native"
@@ -325,27 +331,66 @@ def _register_depthwise(pre: str | None, activation: str) -> None:
     rule(depthwise_op_type(pre, activation), since=1, domain=DOMAIN, static=bounds)(fn)
 
 
-def _register(residual: bool, activation: str) -> None:
-    name = op_type(residual, activation)
+def _register(residual: bool, activation: str, base: str = "Gemm", run: Any = None) -> None:
+    name = op_type(residual, activation, base)
+    run = _gemm if run is None else run
     if activation == "Clip":
         bounds = ("lo", "hi")
         if residual:
             def fn(cx, x, w, b, r, lo, hi):
-                return _gemm(cx, x, w, b, r, "Clip", float(cx.static(lo)), float(cx.static(hi)))
+                return run(cx, x, w, b, r, "Clip", float(cx.static(lo)), float(cx.static(hi)))
         else:
             def fn(cx, x, w, b, lo, hi):  # type: ignore[misc]
-                return _gemm(cx, x, w, b, None, "Clip", float(cx.static(lo)),
-                             float(cx.static(hi)))
+                return run(cx, x, w, b, None, "Clip", float(cx.static(lo)),
+                           float(cx.static(hi)))
         rule(name, since=1, domain=DOMAIN, static=bounds)(fn)
     elif residual:
-        rule(name, since=1, domain=DOMAIN)(lambda cx, x, w, b, r: _gemm(cx, x, w, b, r, activation))
+        rule(name, since=1, domain=DOMAIN)(lambda cx, x, w, b, r: run(cx, x, w, b, r, activation))
     else:
-        rule(name, since=1, domain=DOMAIN)(lambda cx, x, w, b: _gemm(cx, x, w, b, None, activation))
+        rule(name, since=1, domain=DOMAIN)(lambda cx, x, w, b: run(cx, x, w, b, None, activation))
+
+
+def _winograd(cx, x, w, b, r, activation: str, lo: float = 0.0, hi: float = 0.0):
+    """Wino*: the 3x3 convolution (stride 1, padding 1) of channels-last X whose Winograd
+    transform U (4, 4, C, N) is packed as 16 products' W: (16, ceil(N / 32), C, 32)."""
+    n = b.shape[0] if b.ndim == 1 else -1
+    if w.ndim != 4 or w.shape[0] != 16 or w.shape[3] != native.NR or n < 1 \
+            or w.shape[1] != -(-n // native.NR):
+        raise cx.shape_error(f"W {tuple(w.shape)} is not a Winograd transform packed for the "
+                             f"{tuple(b.shape)} bias (want (16, {-(-max(n, 1) // native.NR)}, C, "
+                             f"{native.NR})); this node was not made by oxla's planner")
+    c = w.shape[2]
+    if x.ndim != 4 or x.shape[-1] != c:
+        raise cx.shape_error(f"X {tuple(x.shape)} is not (N, H, W, {c}) as the 3x3 kernel reads; "
+                             f"check the model's Conv input")
+    shape = (*x.shape[:3], n)
+    if r is not None:
+        try:
+            np.broadcast_shapes(shape, tuple(r.shape))
+        except ValueError:
+            raise cx.shape_error(f"the residual Add's other input {tuple(r.shape)} does not "
+                                 f"broadcast with the convolution's {shape}") from None
+    if x.dtype == jnp.float32 and native.available() \
+            and all(isinstance(d, int) for d in x.shape):
+        out = jax.ShapeDtypeStruct(shape, jnp.float32)
+        if r is not None and (r.shape != out.shape or r.dtype != jnp.float32):
+            y = _winograd(cx, x, w, b, None, "")
+            return _epilogue(y + r, activation, lo, hi)
+        residual = jnp.zeros((0,), jnp.float32) if r is None else r
+        return jax.ffi.ffi_call(native.WINOGRAD_TARGET, out)(
+            x, w, b, residual, threads=np.int64(max(1, cx.options.native_threads)),
+            act=np.int64(ACTIVATIONS[activation]), lo=np.float32(lo), hi=np.float32(hi))
+    u = jnp.transpose(w, (0, 2, 1, 3)).reshape((16, c, -1))[:, :, :n].reshape((4, 4, c, n))
+    y = convolve(x, u.astype(x.dtype)) + b.astype(x.dtype)
+    if r is not None:
+        y = y + r.astype(y.dtype)
+    return _epilogue(y, activation, lo, hi)
 
 
 for _residual in (False, True):
     for _activation in ACTIVATIONS:
         _register(_residual, _activation)
+        _register(_residual, _activation, "Wino", _winograd)
         _register_conv(_residual, _activation)
 for _activation in ACTIVATIONS:
     _register_stem(_activation)
