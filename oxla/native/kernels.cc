@@ -160,19 +160,29 @@ inline V logistic(V v) {
 // x * sigmoid(x)
 inline V silu(V v) { return v_mul(v, logistic(v)); }
 
-// A tile's rows: acc + bias, stored under the column masks (all lanes when !MASK).
+template <int R, int NV, bool MASK>
+inline void finish_tile(V (&c0)[R], V (&c1)[R], const Epilogue& e, Mask m0, Mask m1);
+
+// A tile's rows: acc + bias, then (e: the last K block) the epilogue in registers, stored under
+// the column masks (all lanes when !MASK).
 template <int R, int NV, bool MASK>
 inline void store_tile(V (&c0)[R], V (&c1)[R], float* C, int64_t ldc, const float* bias,
-                       Mask m0, Mask m1) {
+                       Mask m0, Mask m1, const Epilogue* e) {
   V z0 = MASK ? v_load_m(bias, m0) : v_load(bias);
   V z1 = NV == 2 ? (MASK ? v_load_m(bias + L, m1) : v_load(bias + L)) : z0;
 #pragma GCC unroll 16
   for (int i = 0; i < R; ++i) {
-    if (MASK && NV == 1) v_store_m(C + i * ldc, m0, v_add(c0[i], z0));
-    else v_store(C + i * ldc, v_add(c0[i], z0));
+    c0[i] = v_add(c0[i], z0);
+    if (NV == 2) c1[i] = v_add(c1[i], z1);
+  }
+  if (e != nullptr) finish_tile<R, NV, MASK>(c0, c1, *e, m0, m1);
+#pragma GCC unroll 16
+  for (int i = 0; i < R; ++i) {
+    if (MASK && NV == 1) v_store_m(C + i * ldc, m0, c0[i]);
+    else v_store(C + i * ldc, c0[i]);
     if (NV == 2) {
-      if (MASK) v_store_m(C + i * ldc + L, m1, v_add(c1[i], z1));
-      else v_store(C + i * ldc + L, v_add(c1[i], z1));
+      if (MASK) v_store_m(C + i * ldc + L, m1, c1[i]);
+      else v_store(C + i * ldc + L, c1[i]);
     }
   }
 }
@@ -190,28 +200,33 @@ inline V activate(V v, float lo, float hi) {
   return v;
 }
 
-// The rest of the epilogue over a stored tile, still in L1: + residual, activation.
-template <int64_t ACT>
-void post_rows(float* C, int64_t ldc, const float* r, int64_t ldr, int rows, int64_t nc,
-               const Epilogue& e) {
-  for (int i = 0; i < rows; ++i) {
-    for (int64_t c = 0; c < nc; c += L) {
-      float* y = C + i * ldc + c;
-      V v = v_load_n(y, nc - c);
-      if (r) v = v_add(v, v_load_n(r + i * ldr + c, nc - c));
-      v_store_n(y, nc - c, activate<ACT>(v, e.lo, e.hi));
-    }
+template <int R, int NV, int64_t ACT>
+inline void activate_tile(V (&c0)[R], V (&c1)[R], float lo, float hi) {
+#pragma GCC unroll 16
+  for (int i = 0; i < R; ++i) {
+    c0[i] = activate<ACT>(c0[i], lo, hi);
+    if (NV == 2) c1[i] = activate<ACT>(c1[i], lo, hi);
   }
 }
 
-void post(float* C, int64_t ldc, int rows, int64_t nc, const Epilogue& e) {
-  if (e.act == NONE && e.residual == nullptr) return;
+// The epilogue on a tile's accumulators (acc + bias): + residual R (Y's layout), activation. In
+// registers, where a pass over the stored tile had loaded and stored each element again.
+template <int R, int NV, bool MASK>
+inline void finish_tile(V (&c0)[R], V (&c1)[R], const Epilogue& e, Mask m0, Mask m1) {
+  if (e.residual != nullptr) {
+#pragma GCC unroll 16
+    for (int i = 0; i < R; ++i) {
+      const float* r = e.residual + i * e.ldr;
+      c0[i] = v_add(c0[i], MASK && NV == 1 ? v_load_m(r, m0) : v_load(r));
+      if (NV == 2) c1[i] = v_add(c1[i], MASK ? v_load_m(r + L, m1) : v_load(r + L));
+    }
+  }
   switch (e.act) {
-    case RELU: post_rows<RELU>(C, ldc, e.residual, e.ldr, rows, nc, e); break;
-    case CLIP: post_rows<CLIP>(C, ldc, e.residual, e.ldr, rows, nc, e); break;
-    case SILU: post_rows<SILU>(C, ldc, e.residual, e.ldr, rows, nc, e); break;
-    case HARD_SWISH: post_rows<HARD_SWISH>(C, ldc, e.residual, e.ldr, rows, nc, e); break;
-    default: post_rows<NONE>(C, ldc, e.residual, e.ldr, rows, nc, e); break;
+    case RELU: activate_tile<R, NV, RELU>(c0, c1, e.lo, e.hi); break;
+    case CLIP: activate_tile<R, NV, CLIP>(c0, c1, e.lo, e.hi); break;
+    case SILU: activate_tile<R, NV, SILU>(c0, c1, e.lo, e.hi); break;
+    case HARD_SWISH: activate_tile<R, NV, HARD_SWISH>(c0, c1, e.lo, e.hi); break;
+    default: break;
   }
 }
 
@@ -235,7 +250,7 @@ inline void tile_start(V (&c0)[R], V (&c1)[R], const float* C, int64_t ldc, Mask
 template <int R, int NV, bool MASK, bool ACC>
 inline void tile_direct(int64_t K, const float* __restrict A, int64_t lda,
                         const float* __restrict Bp, float* C, int64_t ldc, const float* bias,
-                        Mask m0, Mask m1) {
+                        Mask m0, Mask m1, const Epilogue* e) {
   V c0[R], c1[R];
   tile_start<R, NV, MASK, ACC>(c0, c1, C, ldc, m0, m1);
   const float* a4 = A + 4 * lda;
@@ -252,13 +267,14 @@ inline void tile_direct(int64_t K, const float* __restrict A, int64_t lda,
     }
     Bp += NR;
   }
-  store_tile<R, NV, MASK>(c0, c1, C, ldc, bias, m0, m1);
+  store_tile<R, NV, MASK>(c0, c1, C, ldc, bias, m0, m1, e);
 }
 
 // One micro-tile, rows packed as (K, R), all of K: C[0:R, 0:nc] = the same product + bias.
 template <int R, int NV, bool MASK>
 inline void tile_packed(int64_t K, const float* __restrict Ap, const float* __restrict Bp,
-                        float* C, int64_t ldc, const float* bias, Mask m0, Mask m1) {
+                        float* C, int64_t ldc, const float* bias, Mask m0, Mask m1,
+                        const Epilogue* e) {
   V c0[R], c1[R];
   tile_start<R, NV, MASK, false>(c0, c1, C, ldc, m0, m1);
   for (int64_t k = 0; k < K; ++k) {
@@ -273,7 +289,7 @@ inline void tile_packed(int64_t K, const float* __restrict Ap, const float* __re
     Ap += R;
     Bp += NR;
   }
-  store_tile<R, NV, MASK>(c0, c1, C, ldc, bias, m0, m1);
+  store_tile<R, NV, MASK>(c0, c1, C, ldc, bias, m0, m1, e);
 }
 
 struct Panel {
@@ -306,10 +322,10 @@ struct Job {
 // r rows (r <= MR) of one tile; the tile sizes above MR are never instantiated.
 template <int NV, bool MASK, bool ACC>
 void direct_rows(int r, int64_t K, const float* A, int64_t lda, const float* Bp, float* C,
-                 int64_t ldc, const float* bias, Mask m0, Mask m1) {
+                 int64_t ldc, const float* bias, Mask m0, Mask m1, const Epilogue* e) {
   switch (r) {
 #define OXLA_R(n) \
-  case n: if constexpr (n <= MR) tile_direct<n, NV, MASK, ACC>(K, A, lda, Bp, C, ldc, bias, m0, m1); break;
+  case n: if constexpr (n <= MR) tile_direct<n, NV, MASK, ACC>(K, A, lda, Bp, C, ldc, bias, m0, m1, e); break;
     OXLA_R(1) OXLA_R(2) OXLA_R(3) OXLA_R(4) OXLA_R(5) OXLA_R(6)
     OXLA_R(7) OXLA_R(8) OXLA_R(9) OXLA_R(10) OXLA_R(11) OXLA_R(12)
 #undef OXLA_R
@@ -318,10 +334,10 @@ void direct_rows(int r, int64_t K, const float* A, int64_t lda, const float* Bp,
 
 template <int NV, bool MASK>
 void packed_rows(int r, int64_t K, const float* Ap, const float* Bp, float* C, int64_t ldc,
-                 const float* bias, Mask m0, Mask m1) {
+                 const float* bias, Mask m0, Mask m1, const Epilogue* e) {
   switch (r) {
 #define OXLA_R(n) \
-  case n: if constexpr (n <= MR) tile_packed<n, NV, MASK>(K, Ap, Bp, C, ldc, bias, m0, m1); break;
+  case n: if constexpr (n <= MR) tile_packed<n, NV, MASK>(K, Ap, Bp, C, ldc, bias, m0, m1, e); break;
     OXLA_R(1) OXLA_R(2) OXLA_R(3) OXLA_R(4) OXLA_R(5) OXLA_R(6)
     OXLA_R(7) OXLA_R(8) OXLA_R(9) OXLA_R(10) OXLA_R(11) OXLA_R(12)
 #undef OXLA_R
@@ -367,11 +383,13 @@ void tile_rows(int r, int64_t K, const KBlock& kb, const float* a, int64_t lda, 
     const float* bs = kb.first ? bias + q.n0 + s : ZEROS;
     float* cs = c + q.n0 + s;
     Mask m0 = lanes(nc), m1 = lanes(nc - L);
-#define OXLA_ROWS(KIND, ACC, ...)                                                            \
-  if (nc == TC) KIND##_rows<2, false ACC>(r, kn, __VA_ARGS__, bp, cs, ldc, bs, m0, m1);      \
-  else if (nc > L) KIND##_rows<2, true ACC>(r, kn, __VA_ARGS__, bp, cs, ldc, bs, m0, m1);    \
-  else if (nc == L) KIND##_rows<1, false ACC>(r, kn, __VA_ARGS__, bp, cs, ldc, bs, m0, m1);  \
-  else KIND##_rows<1, true ACC>(r, kn, __VA_ARGS__, bp, cs, ldc, bs, m0, m1);
+    Epilogue es{residual ? residual + q.n0 + s : nullptr, ldc, act, lo, hi};
+    const Epilogue* e = kb.last ? &es : nullptr;
+#define OXLA_ROWS(KIND, ACC, ...)                                                               \
+  if (nc == TC) KIND##_rows<2, false ACC>(r, kn, __VA_ARGS__, bp, cs, ldc, bs, m0, m1, e);      \
+  else if (nc > L) KIND##_rows<2, true ACC>(r, kn, __VA_ARGS__, bp, cs, ldc, bs, m0, m1, e);    \
+  else if (nc == L) KIND##_rows<1, false ACC>(r, kn, __VA_ARGS__, bp, cs, ldc, bs, m0, m1, e);  \
+  else KIND##_rows<1, true ACC>(r, kn, __VA_ARGS__, bp, cs, ldc, bs, m0, m1, e);
 #define OXLA_ACC(x) , x
     if (ap != nullptr) { OXLA_ROWS(packed, , ap) }
     else if (kb.first) { OXLA_ROWS(direct, OXLA_ACC(false), a, lda) }
@@ -379,9 +397,6 @@ void tile_rows(int r, int64_t K, const KBlock& kb, const float* a, int64_t lda, 
 #undef OXLA_ACC
 #undef OXLA_ROWS
   }
-  if (!kb.last) return;
-  Epilogue e{residual ? residual + q.n0 : nullptr, ldc, act, lo, hi};
-  post(c + q.n0, ldc, r, q.nc, e);
 }
 
 void tile(const Job& j, int64_t b, const Panel& q, const KBlock& kb, const float* ap) {
