@@ -109,6 +109,31 @@ def _out_sizes(cx, x, kernel, strides, pads, dilations) -> tuple[int, int]:
     return oh, ow
 
 
+def _check_residual(cx, r, shape: tuple[int, ...], what: str) -> None:
+    """The residual Add's other input R broadcasts with the kernel's result `shape`."""
+    if r is None:
+        return
+    try:
+        np.broadcast_shapes(shape, tuple(r.shape))
+    except ValueError:
+        raise cx.shape_error(f"the residual Add's other input {tuple(r.shape)} does not "
+                             f"broadcast with the {what} {shape}") from None
+
+
+def _kernel_call(cx, target: str, shape: tuple[int, ...], x, w, b, r, activation: str,
+                 lo: float, hi: float, alone, **window):
+    """The kernel `target` on X, W, B with its epilogue (R, the activation); a residual of
+    another shape or dtype is added after the product `alone()` as ONNX would."""
+    out = jax.ShapeDtypeStruct(shape, jnp.float32)
+    if r is not None and (r.shape != out.shape or r.dtype != jnp.float32):
+        return _epilogue(alone() + r, activation, lo, hi)
+    residual = jnp.zeros((0,), jnp.float32) if r is None else r
+    return jax.ffi.ffi_call(target, out)(
+        x, w, b, residual, threads=np.int64(max(1, cx.options.native_threads)),
+        act=np.int64(ACTIVATIONS[activation]), lo=np.float32(lo), hi=np.float32(hi),
+        **{k: np.int64(v) for k, v in window.items()})
+
+
 def _gemm(cx, x, w, b, r, activation: str, lo: float = 0.0, hi: float = 0.0):
     _check_packed(cx, w, b)
     n = b.shape[0]
@@ -116,22 +141,10 @@ def _gemm(cx, x, w, b, r, activation: str, lo: float = 0.0, hi: float = 0.0):
         raise cx.shape_error(f"X {tuple(x.shape)} has {x.shape[-1] if x.ndim else 0} channels "
                              f"where the 1x1 kernel reads {w.shape[1]}; check the model's "
                              f"Conv input")
-    if r is not None:
-        try:
-            np.broadcast_shapes((*x.shape[:-1], n), tuple(r.shape))
-        except ValueError:
-            raise cx.shape_error(f"the residual Add's other input {tuple(r.shape)} does not "
-                                 f"broadcast with the product {(*x.shape[:-1], n)}") from None
+    _check_residual(cx, r, (*x.shape[:-1], n), "product")
     if x.dtype == jnp.float32 and native.available():
-        out = jax.ShapeDtypeStruct((*x.shape[:-1], n), jnp.float32)
-        if r is not None and (r.shape != out.shape or r.dtype != jnp.float32):
-            # broadcast (or mistyped) residual: the product alone, the rest as ONNX would
-            y = _gemm(cx, x, w, b, None, "")
-            return _epilogue(y + r, activation, lo, hi)
-        residual = jnp.zeros((0,), jnp.float32) if r is None else r
-        return jax.ffi.ffi_call(native.GEMM_TARGET, out)(
-            x, w, b, residual, threads=np.int64(max(1, cx.options.native_threads)),
-            act=np.int64(ACTIVATIONS[activation]), lo=np.float32(lo), hi=np.float32(hi))
+        return _kernel_call(cx, native.GEMM_TARGET, (*x.shape[:-1], n), x, w, b, r, activation,
+                            lo, hi, lambda: _gemm(cx, x, w, b, None, ""))
     kn = jnp.transpose(w, (1, 0, 2)).reshape((w.shape[1], -1))[:, :n]
     y = lax.dot_general(x, kn.astype(x.dtype), (((x.ndim - 1,), (0,)), ((), ()))) + b.astype(x.dtype)
     if r is not None:
@@ -150,23 +163,12 @@ def _conv(cx, x, w, b, r, activation: str, lo: float, hi: float, kernel_shape, s
                              f"reads; check the model's Conv input")
     oh, ow = _out_sizes(cx, x, (kh, kw), (sh, sw), (pt, pl, pb, pr), (dh, dw))
     shape = (x.shape[0], oh, ow, n)
-    if r is not None:
-        try:
-            np.broadcast_shapes(shape, tuple(r.shape))
-        except ValueError:
-            raise cx.shape_error(f"the residual Add's other input {tuple(r.shape)} does not "
-                                 f"broadcast with the convolution's {shape}") from None
+    _check_residual(cx, r, shape, "convolution's")
     if x.dtype == jnp.float32 and native.available():
-        out = jax.ShapeDtypeStruct(shape, jnp.float32)
-        if r is not None and (r.shape != out.shape or r.dtype != jnp.float32):
-            y = _conv(cx, x, w, b, None, "", 0.0, 0.0, kernel_shape, strides, pads, dilations)
-            return _epilogue(y + r, activation, lo, hi)
-        residual = jnp.zeros((0,), jnp.float32) if r is None else r
-        i64 = np.int64
-        return jax.ffi.ffi_call(native.CONV_TARGET, out)(
-            x, w, b, residual, threads=i64(max(1, cx.options.native_threads)),
-            act=i64(ACTIVATIONS[activation]), lo=np.float32(lo), hi=np.float32(hi), kh=i64(kh),
-            kw=i64(kw), sh=i64(sh), sw=i64(sw), dh=i64(dh), dw=i64(dw), pt=i64(pt), pl=i64(pl))
+        return _kernel_call(
+            cx, native.CONV_TARGET, shape, x, w, b, r, activation, lo, hi,
+            lambda: _conv(cx, x, w, b, None, "", 0.0, 0.0, kernel_shape, strides, pads, dilations),
+            kh=kh, kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, pt=pt, pl=pl)
     hwio = jnp.transpose(w, (1, 0, 2)).reshape((w.shape[1], -1))[:, :n].reshape((kh, kw, c, n))
     y = lax.conv_general_dilated(x, hwio.astype(x.dtype), (sh, sw), [(pt, pb), (pl, pr)],
                                  rhs_dilation=(dh, dw),
@@ -364,22 +366,11 @@ def _winograd(cx, x, w, b, r, activation: str, lo: float = 0.0, hi: float = 0.0)
         raise cx.shape_error(f"X {tuple(x.shape)} is not (N, H, W, {c}) as the 3x3 kernel reads; "
                              f"check the model's Conv input")
     shape = (*x.shape[:3], n)
-    if r is not None:
-        try:
-            np.broadcast_shapes(shape, tuple(r.shape))
-        except ValueError:
-            raise cx.shape_error(f"the residual Add's other input {tuple(r.shape)} does not "
-                                 f"broadcast with the convolution's {shape}") from None
+    _check_residual(cx, r, shape, "convolution's")
     if x.dtype == jnp.float32 and native.available() \
             and all(isinstance(d, int) for d in x.shape):
-        out = jax.ShapeDtypeStruct(shape, jnp.float32)
-        if r is not None and (r.shape != out.shape or r.dtype != jnp.float32):
-            y = _winograd(cx, x, w, b, None, "")
-            return _epilogue(y + r, activation, lo, hi)
-        residual = jnp.zeros((0,), jnp.float32) if r is None else r
-        return jax.ffi.ffi_call(native.WINOGRAD_TARGET, out)(
-            x, w, b, residual, threads=np.int64(max(1, cx.options.native_threads)),
-            act=np.int64(ACTIVATIONS[activation]), lo=np.float32(lo), hi=np.float32(hi))
+        return _kernel_call(cx, native.WINOGRAD_TARGET, shape, x, w, b, r, activation, lo, hi,
+                            lambda: _winograd(cx, x, w, b, None, ""))
     u = jnp.transpose(w, (0, 2, 1, 3)).reshape((16, c, -1))[:, :, :n].reshape((4, 4, c, n))
     y = convolve(x, u.astype(x.dtype)) + b.astype(x.dtype)
     if r is not None:
