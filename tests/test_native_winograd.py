@@ -66,6 +66,7 @@ def _reference(x, hwio, b, r, act: str) -> np.ndarray:
     (1, 1, 1, 8, 40),       # one pixel: one tile, its window mostly padding
     (3, 5, 6, 3, 33),       # a panel and one column
     (1, 30, 30, 48, 96),    # several tile blocks per part
+    (1, 8, 8, 264, 264),    # U over 2 MiB (one part per thread) and over the block bound
 ])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_kernel_matches_the_direct_convolution(n, h, w, c, m, threads) -> None:

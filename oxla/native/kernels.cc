@@ -801,9 +801,12 @@ ffi::Error Sconv(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi:
 // Y's 2x2 = A^T M A + bias, + R, activation, stored where it lies inside Y. The transforms are
 // oxla/lowering/ops/winograd.py's (Lavin and Gray's B^T, A^T). A block holds its tiles' V and M
 // (16 x tiles x (C + M) floats, thread-local) and reads all of U once: blocks are as large as
-// make U's reads no more than V's and M's, at least WINO_BLOCK_BYTES of them.
+// make U's reads no more than V's and M's, at least WINO_BLOCK_BYTES of them and at most
+// WINO_BLOCK_MAX_BYTES.
 
 constexpr int64_t WINO_BLOCK_BYTES = 256 << 10;
+// Blocks' V and M bounded (each thread's buffers): U of 2048 channels is 256 MiB.
+constexpr int64_t WINO_BLOCK_MAX_BYTES = 4 << 20;
 // A layer whose U is larger than this (256 channels: 4 MiB) takes one part per thread, not
 // CHUNKS_PER_THREAD: each part reads all of U. Default threads, onnxruntime interleaved: the
 // DBNet-style segmenter (256 channels at 20x20, 512 at 10x10) 0.929x and 0.922x the time,
@@ -927,9 +930,10 @@ void wino_part(const void* ctx, int part, int parts) {
   const WinoJob& j = *static_cast<const WinoJob*>(ctx);
   int64_t t0 = j.tiles * part / parts, t1 = j.tiles * (part + 1) / parts, q0 = 0, q1 = j.panels;
   if (t1 <= t0 || q1 <= q0) return;
-  // blocks of tiles that read U's share no more than their V and M, at least WINO_BLOCK_BYTES
+  // blocks of tiles that read U no more than their V and M, within the bounds above
   int64_t u_bytes = 16 * (q1 - q0) * NR * j.C * (int64_t)sizeof(float);
-  int64_t block = std::max<int64_t>(std::max(WINO_BLOCK_BYTES, u_bytes) / (64 * (j.C + j.M)), MR);
+  int64_t want = std::min(std::max(WINO_BLOCK_BYTES, u_bytes), WINO_BLOCK_MAX_BYTES);
+  int64_t block = std::max<int64_t>(want / (64 * (j.C + j.M)), MR);
   if (block > t1 - t0) block = t1 - t0;
   thread_local std::vector<float> vt, mt;
   vt.resize((size_t)(16 * block * j.C));
