@@ -132,7 +132,7 @@ MATMUL_MIN_DIM = 512
 # XLA's, for measuring).
 CONVS = True
 # WinogradPass's layers (`oxla.winograd::Conv`) run on the kernel's Winograd F(2x2, 3x3) (False:
-# XLA's transforms and batched dot, for measuring): see WINOGRAD_NOTE below.
+# XLA's transforms and batched dot, for measuring): see the module's docstring.
 WINOGRAD = True
 WINDOW = ("kernel_shape", "strides", "pads", "dilations")  # a Conv* node's attributes
 # Depthwise convolutions known to be smaller stay XLA's (2 x output pixels x channels x taps):
@@ -497,8 +497,8 @@ def _winograd(node: NodeProto, inits: dict[str, TensorProto]
 
 
 def convs_to_native(model: ModelProto, beside_depthwise: bool = True, small: bool = False) -> int:
-    """Rewrite the eligible convolutions (Gemm* for 1x1, Conv* for the others) of the main graph;
-    returns how many. With beside_depthwise False (sessions on one core), a convolution whose X a
+    """Rewrite the eligible convolutions (Gemm* for 1x1, Wino* for WinogradPass's layers, Conv*
+    for the others) of the main graph; returns how many. With beside_depthwise False (sessions on one core), a convolution whose X a
     depthwise convolution made or whose Y one reads stays XLA's, which fuses the two loops'
     activation, pad and layout work (one core, the suite's models with every eligible convolution
     native: ResNet-50 0.88x the time in three runs, the DBNet-style segmenter 0.93x and 0.98x,
