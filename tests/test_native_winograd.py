@@ -33,8 +33,7 @@ def _large_kernels(monkeypatch):
 
 def _packed(hwio: np.ndarray) -> np.ndarray:
     """U = G g G^T of a (3, 3, C, M) kernel as the kernel reads it: (16, panels, C, 32)."""
-    u = kernel_transform(hwio).reshape(16, *hwio.shape[2:])
-    return np.stack([native.pack(u[p]) for p in range(16)])
+    return native.pack(kernel_transform(hwio).reshape(16, *hwio.shape[2:]))
 
 
 def _call(x, hwio, b, r, act: str, threads: int, device) -> np.ndarray:

@@ -142,9 +142,10 @@ def unavailable_reason() -> str | None:
 
 
 def pack(w: np.ndarray) -> np.ndarray:
-    """W (K, N) float32 as the kernel reads it: (ceil(N / 32), K, 32), zero padded."""
-    k, n = w.shape
+    """W (..., K, N) float32 as the kernel reads it: (..., ceil(N / 32), K, 32), zero padded (the
+    leading axes: products packed one after another, as the Winograd kernel's 16)."""
+    *lead, k, n = w.shape
     panels = -(-n // NR)
-    padded = np.zeros((k, panels * NR), np.float32)
-    padded[:, :n] = w
-    return np.ascontiguousarray(padded.reshape(k, panels, NR).transpose(1, 0, 2))
+    padded = np.zeros((*lead, k, panels * NR), np.float32)
+    padded[..., :n] = w
+    return np.ascontiguousarray(np.moveaxis(padded.reshape(*lead, k, panels, NR), -2, -3))

@@ -380,7 +380,7 @@ void tile_rows(int r, int64_t K, const KBlock& kb, const float* a, int64_t lda, 
   for (int64_t s = 0; s < q.nc; s += TC) {
     int64_t nc = q.nc - s < TC ? q.nc - s : TC;
     const float* bp = Bp + q.n0 * K + kb.k0 * NR + s;
-    const float* bs = kb.first ? bias + q.n0 + s : ZEROS;
+    const float* bs = kb.first && bias != nullptr ? bias + q.n0 + s : ZEROS;  // none: zeros
     float* cs = c + q.n0 + s;
     Mask m0 = lanes(nc), m1 = lanes(nc - L);
     Epilogue es{residual ? residual + q.n0 + s : nullptr, ldc, act, lo, hi};
@@ -818,10 +818,10 @@ struct WinoJob {
   const float* X;
   const float* Up;        // (16, panels, C, NR)
   const float* bias;      // (M,)
-  const float* zeros;     // (panels NR,): the products' bias
   const float* residual;  // nullptr, or R with Y's shape
   float* Y;
   int64_t N, H, W, C, M, TH, TW, tiles, panels;
+  int64_t block;          // tiles per block
   int64_t act;
   float lo, hi;
 };
@@ -864,15 +864,15 @@ void wino_in(const WinoJob& j, int64_t t0, int64_t n, float* vt) {
 
 // Y's pixels of tiles [t0, t0 + n) from their products M (16, n, M).
 template <int64_t ACT>
-void wino_out(const WinoJob& j, int64_t t0, int64_t n, int64_t c0, int64_t c1, const float* mt) {
+void wino_out(const WinoJob& j, int64_t t0, int64_t n, const float* mt) {
   const int64_t ps = n * j.M, per = j.TH * j.TW;
   for (int64_t i = 0; i < n; ++i) {
     int64_t t = t0 + i, img = t / per, ty = t % per / j.TW, tx = t % per % j.TW;
     int64_t rows = 2 * ty + 1 < j.H ? 2 : 1, cols = 2 * tx + 1 < j.W ? 2 : 1;
     int64_t at = ((img * j.H + 2 * ty) * j.W + 2 * tx) * j.M;
     const float* m = mt + i * j.M;
-    for (int64_t c = c0; c < c1; c += L) {
-      int64_t nc = c1 - c;
+    for (int64_t c = 0; c < j.M; c += L) {
+      int64_t nc = j.M - c;
       V s[4][2];  // M A, row by row
       for (int a = 0; a < 4; ++a) {
         const float* q = m + 4 * a * ps + c;
@@ -895,9 +895,8 @@ void wino_out(const WinoJob& j, int64_t t0, int64_t n, int64_t c0, int64_t c1, c
   }
 }
 
-// Tiles [t0, t0 + n), columns of panels [q0, q1).
-void wino_block(const WinoJob& j, int64_t t0, int64_t n, int64_t q0, int64_t q1, float* vt,
-                float* mt) {
+// Tiles [t0, t0 + n).
+void wino_block(const WinoJob& j, int64_t t0, int64_t n, float* vt, float* mt) {
   wino_in(j, t0, n, vt);
   int64_t blocks = (n + MR - 1) / MR;
   KBlock kb{0, j.C, true, false};  // products stored as they are (the epilogue is wino_out's)
@@ -905,22 +904,21 @@ void wino_block(const WinoJob& j, int64_t t0, int64_t n, int64_t q0, int64_t q1,
     const float* a = vt + p * n * j.C;
     const float* bp = j.Up + p * j.panels * j.C * NR;
     float* c = mt + p * n * j.M;
-    for (int64_t q = q0; q < q1; ++q) {
+    for (int64_t q = 0; q < j.panels; ++q) {
       Panel pq = panel_of(j.M, q);
       for (int64_t b = 0; b < blocks; ++b) {
         int64_t r0 = n * b / blocks, r1 = n * (b + 1) / blocks;
-        tile_rows((int)(r1 - r0), j.C, kb, a + r0 * j.C, j.C, nullptr, bp, pq, j.zeros,
+        tile_rows((int)(r1 - r0), j.C, kb, a + r0 * j.C, j.C, nullptr, bp, pq, nullptr,
                   c + r0 * j.M, j.M, nullptr, NONE, 0.0f, 0.0f);
       }
     }
   }
-  int64_t c0 = q0 * NR, c1 = q1 * NR < j.M ? q1 * NR : j.M;
   switch (j.act) {
-    case RELU: wino_out<RELU>(j, t0, n, c0, c1, mt); break;
-    case CLIP: wino_out<CLIP>(j, t0, n, c0, c1, mt); break;
-    case SILU: wino_out<SILU>(j, t0, n, c0, c1, mt); break;
-    case HARD_SWISH: wino_out<HARD_SWISH>(j, t0, n, c0, c1, mt); break;
-    default: wino_out<NONE>(j, t0, n, c0, c1, mt); break;
+    case RELU: wino_out<RELU>(j, t0, n, mt); break;
+    case CLIP: wino_out<CLIP>(j, t0, n, mt); break;
+    case SILU: wino_out<SILU>(j, t0, n, mt); break;
+    case HARD_SWISH: wino_out<HARD_SWISH>(j, t0, n, mt); break;
+    default: wino_out<NONE>(j, t0, n, mt); break;
   }
 }
 
@@ -928,18 +926,14 @@ void wino_block(const WinoJob& j, int64_t t0, int64_t n, int64_t q0, int64_t q1,
 // U's panels was measured too: 4 layers of 256 channels at 14x14, in a model, 1.09x the time.)
 void wino_part(const void* ctx, int part, int parts) {
   const WinoJob& j = *static_cast<const WinoJob*>(ctx);
-  int64_t t0 = j.tiles * part / parts, t1 = j.tiles * (part + 1) / parts, q0 = 0, q1 = j.panels;
-  if (t1 <= t0 || q1 <= q0) return;
-  // blocks of tiles that read U no more than their V and M, within the bounds above
-  int64_t u_bytes = 16 * (q1 - q0) * NR * j.C * (int64_t)sizeof(float);
-  int64_t want = std::min(std::max(WINO_BLOCK_BYTES, u_bytes), WINO_BLOCK_MAX_BYTES);
-  int64_t block = std::max<int64_t>(want / (64 * (j.C + j.M)), MR);
-  if (block > t1 - t0) block = t1 - t0;
+  int64_t t0 = j.tiles * part / parts, t1 = j.tiles * (part + 1) / parts;
+  int64_t block = std::min(j.block, t1 - t0);
+  if (block < 1) return;
   thread_local std::vector<float> vt, mt;
   vt.resize((size_t)(16 * block * j.C));
   mt.resize((size_t)(16 * block * j.M));
   for (int64_t t = t0; t < t1; t += block)
-    wino_block(j, t, t1 - t < block ? t1 - t : block, q0, q1, vt.data(), mt.data());
+    wino_block(j, t, std::min(block, t1 - t), vt.data(), mt.data());
 }
 
 ffi::Error Swino(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> u,
@@ -962,21 +956,22 @@ ffi::Error Swino(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi:
     return ffi::Error::InvalidArgument("oxla_swino: residual shape");
   if (act < NONE || act > HARD_SWISH) return ffi::Error::InvalidArgument("oxla_swino: act");
   if (j.N * j.H * j.W * j.M == 0) return ffi::Error::Success();
-  std::vector<float> zeros((size_t)(j.panels * NR), 0.0f);
   j.TH = (j.H + 1) / 2; j.TW = (j.W + 1) / 2;
   j.tiles = j.N * j.TH * j.TW;
   j.X = x.typed_data();
   j.Up = u.typed_data();
   j.bias = bias.typed_data();
-  j.zeros = zeros.data();
   j.residual = nr ? residual.typed_data() : nullptr;
   j.Y = y->typed_data();
   j.act = act;
   j.lo = lo;
   j.hi = hi;
-  double flops = 32.0 * (double)j.tiles * (double)j.C * (double)j.M;
-  // each part reads all of U: above WINO_ONE_PART_U_BYTES one part per thread
+  // blocks of tiles that read U no more than their V and M, within the bounds above; each part
+  // reads all of U: above WINO_ONE_PART_U_BYTES one part per thread
   int64_t u_bytes = 16 * j.panels * NR * j.C * (int64_t)sizeof(float);
+  int64_t want = std::min(std::max(WINO_BLOCK_BYTES, u_bytes), WINO_BLOCK_MAX_BYTES);
+  j.block = std::max<int64_t>(want / (64 * (j.C + j.M)), MR);
+  double flops = 32.0 * (double)j.tiles * (double)j.C * (double)j.M;
   parallel(wino_part, &j, usable(threads, pool), flops, pool,
            u_bytes > WINO_ONE_PART_U_BYTES ? 1 : CHUNKS_PER_THREAD);
   return ffi::Error::Success();

@@ -513,54 +513,36 @@ def convs_to_native(model: ModelProto, beside_depthwise: bool = True, small: boo
                 if (taken := _winograd(node, inits)) is not None]
     if not candidates and not winograd:
         return 0
-    pooled = _pooled_values(graph.node)
     if candidates:
         rows = _known_rows(model, exact=small)
-        candidates = [c for c in candidates if c[0].input[0] not in pooled and _reaches(
+        candidates = [c for c in candidates if _reaches(
             rows, c[0].output[0] if c[0].output[0] in rows else c[0].input[0], c[1].size,
             _pointwise_min(small) if c[4] is None else CONV_MIN_FLOPS, small, producers)]
-    winograd = [c for c in winograd if c[0].input[0] not in pooled]
+    # (node, op base, W as (..., K, N), its initializer, bias or None, the window's attributes)
+    jobs: list[tuple[NodeProto, str, np.ndarray, str, np.ndarray | None, dict[str, list[int]]]] = [
+        (node, "Wino", u.reshape(16, *u.shape[2:]), name, b, {}) for node, u, name, b in winograd]
+    jobs += [(node, "Gemm" if window is None else "Conv", kernel, names[-1], b, window or {})
+             for node, kernel, names, b, window in candidates]
+    pooled = _pooled_values(graph.node)
+    jobs = [j for j in jobs if j[0].input[0] not in pooled]
     # packed: an OIHW initializer read by several convolutions is packed once
     g, removed, moved, packed = _rewriting(model, inits)
     if not beside_depthwise:
-        candidates = [c for c in candidates if not _beside_depthwise(c[0], producers, g.readers)]
-        winograd = [c for c in winograd if not _beside_depthwise(c[0], producers, g.readers)]
-    if not (candidates or winograd) or not native.available():  # built (first use) only for a model that needs it
+        jobs = [j for j in jobs if not _beside_depthwise(j[0], producers, g.readers)]
+    if not jobs or not native.available():  # built (first use) only for a model that needs it
         return 0
-    count = 0
-    for node, u, name, b in winograd:
-        bias = np.zeros(u.shape[3], np.float32) if b is None else b
+    for node, base, kernel, name, b, window in jobs:
+        bias = np.zeros(kernel.shape[-1], np.float32) if b is None else b
         fold = _fold(g, node.output[0])
-        if name not in packed:
-            packed[name] = name + SUFFIX
-            flat = u.reshape(16, u.shape[2], u.shape[3])
-            graph.initializer.append(numpy_helper.from_array(
-                np.stack([native.pack(flat[p]) for p in range(16)]), packed[name]))
-        bias_name = f"{node.output[0]}{BIAS_SUFFIX}"
-        graph.initializer.append(numpy_helper.from_array(bias, bias_name))
-        inputs = [node.input[0], packed[name], bias_name]
+        inputs = [node.input[0], *_weights(graph, packed, name, kernel, node, bias)]
         if fold.residual:
             inputs.append(fold.residual)
         if fold.bounds:
             inputs.extend(fold.bounds)
-        _rewrite(g, node, op_type(bool(fold.residual), fold.activation, "Wino"), inputs, {}, fold,
+        _rewrite(g, node, op_type(bool(fold.residual), fold.activation, base), inputs, window, fold,
                  removed, moved)
-        count += 1
-    for node, kernel, names, b, window in candidates:
-        bias = np.zeros(kernel.shape[1], np.float32) if b is None else b
-        fold = _fold(g, node.output[0])
-        inputs = [node.input[0], *_weights(graph, packed, names[-1], kernel, node, bias)]
-        if fold.residual:
-            inputs.append(fold.residual)
-        if fold.bounds:
-            inputs.extend(fold.bounds)
-        _rewrite(g, node, op_type(bool(fold.residual), fold.activation,
-                                  "Gemm" if window is None else "Conv"),
-                 inputs, window or {}, fold, removed, moved)
-        count += 1
-    if count:
-        _finish(model, opsets, removed, moved)
-    return count
+    _finish(model, opsets, removed, moved)
+    return len(jobs)
 
 
 def _stem(node: NodeProto, producers: dict[str, NodeProto], inits: dict[str, TensorProto]
@@ -656,8 +638,9 @@ def _take_pads(g: _Graph, y: str, nonnegative: bool = False) -> list[int]:
 
 def _weights(graph: GraphProto, packed: dict[str, str], name: str, kernel: np.ndarray,
              node: NodeProto, bias: np.ndarray) -> tuple[str, str]:
-    """The initializers a Gemm*/Conv* node reads: `kernel` (from initializer `name`) packed, once
-    for every node reading it (`packed`: name -> packed name), and the node's bias."""
+    """The initializers a Gemm*/Conv*/Wino* node reads: `kernel` ((K, N), or Wino*'s 16 products
+    (16, K, N); from initializer `name`) packed, once for every node reading it (`packed`: name ->
+    packed name), and the node's bias."""
     if name not in packed:
         packed[name] = name + SUFFIX
         graph.initializer.append(numpy_helper.from_array(native.pack(kernel), packed[name]))

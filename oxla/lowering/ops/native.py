@@ -333,9 +333,8 @@ def _register_depthwise(pre: str | None, activation: str) -> None:
     rule(depthwise_op_type(pre, activation), since=1, domain=DOMAIN, static=bounds)(fn)
 
 
-def _register(residual: bool, activation: str, base: str = "Gemm", run: Any = None) -> None:
+def _register(residual: bool, activation: str, base: str = "Gemm", run: Any = _gemm) -> None:
     name = op_type(residual, activation, base)
-    run = _gemm if run is None else run
     if activation == "Clip":
         bounds = ("lo", "hi")
         if residual:
