@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -110,6 +110,13 @@ class CompiledModel:
         signature is already compiled as one computation; None otherwise (then call the model).
         With `host`, outputs may come back as numpy arrays (read-only, as JAX's are)."""
         return self._executor.run_fast(values, host)
+
+    def host_runner(self, signature: Sequence[tuple[tuple[int, ...], np.dtype]]
+                    ) -> Callable[[Sequence[np.ndarray]], list[Any] | None] | None:
+        """A function of numpy feeds of this signature ((shape, dtype) per input, in
+        `input_names` order) returning the outputs as `run_fast(host=True)` does, once this
+        signature is compiled as one computation (see Executor.host_runner); None otherwise."""
+        return self._executor.host_runner(signature)
 
     @property
     def stats(self) -> RunStats:

@@ -10,6 +10,7 @@ in. Every JAX call happens inside a 64-bit scope: oxla never changes a global JA
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import math
@@ -35,7 +36,7 @@ from oxla.errors import InputError, LoweringError, OxlaError, ResourceError, Sha
 from oxla.graph import canonical_domain
 from oxla.lowering.context import NeedStatic, Scope
 from oxla.lowering.interpreter import Interpreter
-from oxla.lowering.values import Value, is_static, to_static
+from oxla.lowering.values import Value, is_static, to_host, to_static
 from oxla.lru import LRU, CacheInfo
 from oxla.native import CONV_TARGET, DEPTHWISE_TARGET, GEMM_TARGET
 from oxla.params import ParamLayout
@@ -219,6 +220,8 @@ class Executor:
         self._compiles = 0
         self._host_steps = 0
         self._host_nodes: set[str] = set()
+        self._runner_calls = itertools.count()  # calls through host_runner's functions (cache hits)
+        self._runner_reads = 0                  # of that count by cache_info (each read takes one)
 
     # --- what it holds ------------------------------------------------------------------------
 
@@ -229,7 +232,11 @@ class Executor:
 
     def cache_info(self) -> CacheInfo:
         """Hits, misses, size, bound and evictions of the compiled-segment cache."""
-        return self._cache.info()
+        info = self._cache.info()
+        with self._stats_lock:
+            calls = next(self._runner_calls) - self._runner_reads
+            self._runner_reads += 1
+        return dataclasses.replace(info, hits=info.hits + calls)
 
     def set_parameters(self, values: Mapping[str, Any]) -> None:
         """Replace parameter values (same shapes and dtypes): no recompilation."""
@@ -264,6 +271,87 @@ class Executor:
         if seg.fast is None:
             return outs
         return [outs[x] if kind == "out" else values[x] if kind == "in" else x for kind, x in seg.fast]
+
+    def host_runner(self, signature: Sequence[tuple[tuple[int, ...], np.dtype]]
+                    ) -> Callable[[Sequence[np.ndarray]], list[Any] | None] | None:
+        """For numpy feeds of this signature ((shape, dtype) per input, in input order), once
+        `run` has compiled the whole graph for them as one segment without run-time checks: a
+        function of such feeds (in input order, not checked again) that runs that segment and
+        returns the outputs in graph order as `run_fast(host=True)` does (numpy arrays; a graph
+        output that is a graph input is the caller's array), or None while another thread stages
+        its feeds (then call `run_fast`). None when there is no such segment. It saves the cache's
+        lookup and lock, the segment's fields read per call and the lists in between: see
+        InferenceSession.run."""
+        slot = self._cache.get(tuple(signature), count_miss=False)
+        seg = None if slot is None else slot.segment
+        if seg is None or seg.call is None or seg.checks:
+            return None
+        n_out, n_in = len(seg.outputs), len(signature)
+        fast = seg.fast or tuple(("out", i) for i in range(n_out))
+        # each graph output's place in [*results, *feeds, *values]
+        values = tuple(_read_only(to_host(x)) for kind, x in fast if kind == "value")
+        picks, k = [], 0
+        for kind, x in fast:
+            picks.append(x if kind == "out" else n_out + x if kind == "in" else n_out + n_in + k)
+            k += kind == "value"
+        order = tuple(seg.order or range(n_in))
+        packed, wide, count = seg.packed, seg.wide, self._runner_calls
+        asarray, ndarray, array_type = np.asarray, np.ndarray, jax.Array
+
+        def host(value: Any) -> Any:
+            return value if type(value) is ndarray else asarray(value) \
+                if isinstance(value, array_type) else to_host(value)
+
+        if packed is None:
+            call = seg.call
+
+            def run(args: Sequence[np.ndarray]) -> list[Any] | None:
+                next(count)
+                try:
+                    if wide:
+                        with x64():
+                            outs = call(*self._leaves, *[args[i] for i in order])
+                    else:
+                        outs = call(*self._leaves, *[args[i] for i in order])
+                except jax.errors.JaxRuntimeError as e:
+                    raise _runtime_error(e) from None
+                pool = [*map(host, outs), *args, *values]
+                return [pool[i] for i in picks]
+            return run
+
+        call, stage, lock = packed.call, packed.stage, packed.lock
+        feeds = tuple(zip(packed.views, order, strict=True))
+        results, same = packed.results, packed.same
+
+        def run_packed(args: Sequence[np.ndarray]) -> list[Any] | None:
+            if not lock.acquire(blocking=False):
+                return None
+            next(count)
+            try:
+                for view, i in feeds:
+                    view[...] = args[i]
+                if wide:
+                    with x64():
+                        outs = call(*self._leaves, stage)
+                else:
+                    outs = call(*self._leaves, stage)
+                if results is None:  # on the host: done, the stage is free again
+                    pool = [*map(host, outs), *args, *values]
+                    return [pool[i] for i in picks]
+                data = asarray(outs)
+            except jax.errors.JaxRuntimeError as e:
+                raise _runtime_error(e) from None
+            finally:
+                lock.release()
+            if same is not None:
+                flat = data.view(same[0])
+                pool = [flat[start:stop].reshape(shape) for start, stop, shape in same[1]]
+            else:
+                pool = [_view(data, entry) for entry in results]
+            pool += args
+            pool += values
+            return [pool[i] for i in picks]
+        return run_packed
 
     # --- the general path ---------------------------------------------------------------------
 
@@ -671,6 +759,14 @@ def _checked(seg: Segment, outs: Sequence[Any]) -> Sequence[Any]:
     if code[0] >= 0:
         raise InputError(seg.checks[int(code[0])].format(witness=int(code[1])))
     return outs[:-1]
+
+
+def _read_only(value: Any) -> Any:
+    """A numpy array as a read-only view (a value handed out on every call); others as they are."""
+    if isinstance(value, np.ndarray):
+        value = value.view()
+        value.flags.writeable = False
+    return value
 
 
 def _entry(compiled: Any) -> Callable[..., Any]:

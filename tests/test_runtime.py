@@ -494,6 +494,92 @@ def test_feeds_are_staged_only_where_several_small_results_are_declared(
     assert all((p.results is not None) == gathered for p in packed)
 
 
+@pytest.mark.parametrize("model", ["packable", "one result", "wide"])
+def test_static_feeds_run_through_the_executors_host_runner(model: str) -> None:
+    """A model whose inputs are all fixed-size, fed numpy arrays of exactly those, runs from the
+    second call through one function of the executor's (InferenceSession.run, _run_lean): the
+    same results as the general path, a graph output that is an input is the caller's array and a
+    constant one is read-only, output names pick, other feeds take the checked path (and its
+    errors), new parameters are read, and its calls count as cache hits."""
+    if model == "packable":
+        sess = oxla.InferenceSession(PACKABLE.SerializeToString())
+        feeds = _packable_feeds
+
+        def expected(f: dict[str, np.ndarray], w: tuple[float, ...] = ()) -> list[np.ndarray]:
+            return _packable_expected(f)
+    else:
+        text = ("g (float[3] x, float[3] z) => (float[3] y) <float[3] w = {1.0, 2.0, 3.0}> "
+                "{ s = Add(x, z) y = Mul(s, w) }" if model == "one result" else
+                "g (int64[3] x, double[3] z) => (int64[3] y, double[3] v) <float[3] w = {1.0, 2.0, 3.0}> "
+                "{ y = Add(x, x) wd = Cast<to = 11>(w) v = Mul(z, wd) }")
+        sess = oxla.InferenceSession(onnx.parser.parse_model(
+            '<ir_version: 8, opset_import: ["" : 18]>' + text).SerializeToString())
+        rng = np.random.default_rng(0)
+
+        def feeds(seed: int) -> dict[str, np.ndarray]:
+            if model == "one result":
+                return {"x": rng.random(3, np.float32), "z": rng.random(3, np.float32)}
+            return {"x": rng.integers(-2**40, 2**40, 3), "z": rng.random(3)}
+
+        def expected(f: dict[str, np.ndarray], w: tuple[float, ...] = (1.0, 2.0, 3.0)) -> list[np.ndarray]:
+            if model == "one result":
+                return [(f["x"] + f["z"]) * np.array(w, np.float32)]
+            return [f["x"] * 2, f["z"] * np.array(w)]
+
+    assert not sess._runner  # nothing compiled yet
+    for seed in range(4):
+        f = feeds(seed)
+        got = sess.run(None, f)
+        for out, want in zip(got, expected(f), strict=True):
+            assert out.dtype == want.dtype and out.shape == want.shape
+            np.testing.assert_allclose(out, want, rtol=1e-6)
+        assert bool(sess._runner) == (seed > 0)
+    if model == "packable":
+        assert got[5] is f["x"]  # the input itself, as the general path gives it
+        assert not got[6].flags.writeable
+    hits = sess.compiled.cache_info().hits
+    f = feeds(9)
+    names = [o.name for o in sess.get_outputs()][::-1]
+    for out, want in zip(sess.run(names, f), expected(f)[::-1], strict=True):
+        np.testing.assert_allclose(out, want, rtol=1e-6)
+    assert sess.compiled.cache_info().hits == hits + 1
+    bad = dict(f)
+    name = next(iter(bad))
+    bad[name] = bad[name].astype(np.float64 if bad[name].dtype == np.float32 else np.float32)
+    with pytest.raises(oxla.InputError, match=name):
+        sess.run(None, bad)
+    with pytest.raises(oxla.InputError, match="unknown input"):
+        sess.run(None, {**f, "nope": np.ones(1, np.float32)})
+    if model == "one result":
+        sess.compiled.set_parameters({"w": np.array([5.0, 6.0, 7.0], np.float32)})
+        (y,) = sess.run(None, f)
+        np.testing.assert_allclose(y, expected(f, (5.0, 6.0, 7.0))[0], rtol=1e-6)
+    assert sess.compiled.stats.compiles == 1
+
+
+def test_host_runner_from_threads() -> None:
+    """Callers racing through the host runner each get their own results (one takes the checked
+    path while another stages its feeds)."""
+    model = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 18]>
+        g (float[4] x, float[4] z) => (float[4] y, float[4] w) { y = Add(x, z) w = Mul(x, z) }
+    """)
+    sess = oxla.InferenceSession(model.SerializeToString())
+    for _ in range(2):
+        sess.run(None, {"x": np.ones(4, np.float32), "z": np.ones(4, np.float32)})
+    assert sess._runner
+
+    def calls(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        for _ in range(300):
+            x, z = rng.random(4, np.float32), rng.random(4, np.float32)
+            y, w = sess.run(None, {"x": x, "z": z})
+            np.testing.assert_array_equal(y, x + z)
+            np.testing.assert_array_equal(w, x * z)
+
+    _in_threads(calls, 4)
+
+
 def test_results_too_large_to_gather_come_back_one_by_one() -> None:
     """Small feeds, results that the declarations leave open and that turn out over
     PACK_MAX_BYTES: the feeds are staged, the results come back as JAX gives them."""
