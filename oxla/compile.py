@@ -128,7 +128,20 @@ class CompiledModel:
         return self._executor.cache_info()
 
     def set_parameters(self, values: Mapping[str, Any]) -> None:
-        """New values for parameters (same shapes and dtypes); compiled code is reused."""
+        """New values for parameters (same shapes and dtypes); compiled code is reused.
+
+        Raises:
+            InputError: a value for an initializer compiled in as a constant (`bake_weights`, or
+                InferenceSession's model of small weights: plan.SMALL_WEIGHTS).
+        """
+        baked = sorted(n for n in values if n in self.constants)
+        if baked:
+            why = "bake_weights" if self.options.bake_weights else (
+                f"an InferenceSession's model whose float weights total at most "
+                f"{self.options.constant_weights} bytes")
+            raise InputError(f"initializers {baked} are compiled into the model as constants "
+                             f"({why}), so their values cannot be replaced; compile with "
+                             f"oxla.compile(model) to keep them parameters")
         self._executor.set_parameters(values)
         self.params = dict(self._executor.params)
 

@@ -24,6 +24,7 @@ from oxla.executor import DEFAULT_CACHE_SIZE
 from oxla.load import load_model
 from oxla.lowering.context import Options
 from oxla.lowering.values import to_host
+from oxla.plan import SMALL_WEIGHTS
 from oxla.training.checkpoint import atomic_write
 
 NATIVE_MATMUL_ONE_CORE = True  # False: one-core sessions keep XLA's dots (for measuring)
@@ -139,6 +140,7 @@ class InferenceSession:
         # the GRU/LSTM loops also run on one core (for batches: rnn.py's _native_loop), and on
         # one core MatMuls by constant matrices go to the GEMM kernel (matmuls_to_native)
         options = Options(bake_weights=bake_weights, layout_weights=True, memory_limit=memory_limit,
+                          constant_weights=SMALL_WEIGHTS if device.platform == "cpu" else 0,
                           native_threads=native, native_recurrent=usable,
                           native_matmul=NATIVE_MATMUL_ONE_CORE and usable == 1,
                           native_stems=usable > 0, native_convs=usable == 1)
