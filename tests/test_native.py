@@ -923,9 +923,17 @@ def test_a_model_of_small_kernels_runs_its_classifier_on_the_kernel(monkeypatch:
 def test_small_matmuls_and_pooled_sessions_keep_xla_dots() -> None:
     one = ort.SessionOptions()
     one.intra_op_num_threads = 1
-    # K or N under MATMUL_MIN_DIM (ViT-S/16's 384): XLA's dot is as fast
-    small = oxla.InferenceSession(_matmul_net(384, 1536).SerializeToString(), one)
+    # K or N under MATMUL_MIN_DIM (ViT-S/16's 384) and N under WIDE_RATIO K: XLA's dot is as fast
+    small = oxla.InferenceSession(_matmul_net(384, 1152).SerializeToString(), one)
     assert not [n for n in small.compiled.plan.nodes if n.domain == native_rule.DOMAIN]
+    # a wide product (ViT-S/16's MLP, 384 -> 1536) goes to the kernel: Eigen's dot blocks it badly
+    data = _matmul_net(384, 1536).SerializeToString()
+    wide = oxla.InferenceSession(data, one)
+    assert [n.op_type for n in wide.compiled.plan.nodes if n.domain == native_rule.DOMAIN] \
+        == ["GemmRelu"]
+    x = RNG.standard_normal((2, 64, 384)).astype(np.float32)
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(wide.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
     if cpu_client.cores() > 1:  # beside YNNPACK's fusions the kernel lost (tenth round)
         pooled = oxla.InferenceSession(_matmul_net(768, 1024).SerializeToString())
         assert not [n for n in pooled.compiled.plan.nodes if n.domain == native_rule.DOMAIN]

@@ -128,6 +128,14 @@ CONV_MIN_FLOPS = 0.0
 # 197x384x1536, 197x1536x384 1.00-1.03x; in the models BERT-base 0.81x, ViT-S/16 1.07x with
 # every MatMul native (docs/benchmarks.md, thirteenth round).
 MATMUL_MIN_DIM = 512
+# ... and wide products (N at least WIDE_RATIO K, K at least WIDE_MIN_K) of any size: Eigen's dot
+# blocks them badly. One core, the kernel alone against XLA's dot: 197x384x1536 (ViT-S/16's
+# MLP) 0.77x the time (60 -> 78 GFLOP/s), 128x768x3072 0.53x (44 -> 84), where 197x384x1152 (3x)
+# 1.02x and the square or narrow ones 0.97-1.04x; ViT-S/16 at one thread (sessions with and
+# without in one process, onnxruntime's blocks interleaved) 0.931x the time, against 0.980x
+# with every MatMul from 384 (docs/benchmarks.md, nineteenth round).
+WIDE_RATIO = 4
+WIDE_MIN_K = 256
 # Convolutions other than 1x1 (group 1, 2-D) run on the kernel's implicit-GEMM form too (False:
 # XLA's, for measuring).
 CONVS = True
@@ -664,7 +672,8 @@ def _constant_matrix(name: str, producers: dict[str, NodeProto], inits: dict[str
 
 
 def matmuls_to_native(model: ModelProto, small: bool = False) -> int:
-    """MatMul by a constant float32 (K, N) matrix of at least MIN_FLOPS becomes an
+    """MatMul by a constant float32 (K, N) matrix of at least MIN_FLOPS (K and N from
+    MATMUL_MIN_DIM, or N from WIDE_RATIO K) becomes an
     `oxla.native::Gemm*` node, the Add of a constant (N,) bias after it its bias and an
     activation after that its epilogue; returns how many. For sessions on one core, where XLA
     runs these products as Eigen's dots (docs/benchmarks.md, thirteenth round), and for models of
@@ -682,7 +691,8 @@ def matmuls_to_native(model: ModelProto, small: bool = False) -> int:
                 or (small and node.op_type == "Gemm" and _plain_gemm(node))):
             continue
         found = _constant_matrix(node.input[1], producers, inits)
-        if found is not None and min(found[0].shape) >= MATMUL_MIN_DIM \
+        if found is not None and (min(found[0].shape) >= MATMUL_MIN_DIM or (
+                found[0].shape[1] >= WIDE_RATIO * found[0].shape[0] >= WIDE_RATIO * WIDE_MIN_K)) \
                 and (small or 2 * rows.get(node.input[0], 1) * found[0].size >= MIN_FLOPS):
             c = None
             if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
