@@ -150,11 +150,11 @@ def make_plan(model: ModelProto, options: Options | None = None, *,
     needed = required_static(nodes, opsets, table, set(inits), set(feeds))
     overridable = frozenset(i.name for i in graph.input if i.name in inits)
     kept = {n: v for n, v in inits.items() if n not in dynamic and n not in overridable}
-    small = 0 < sum(v.nbytes for v in kept.values() if is_float(v.dtype)) <= options.constant_weights
+    light = 0 < sum(v.nbytes for v in kept.values() if is_float(v.dtype)) <= options.constant_weights
     constants, parameters = {}, {}
     for name, value in inits.items():
         if name in needed or (name not in dynamic and _starts_static(value, options)) \
-                or (small and name in kept):
+                or (light and name in kept):
             constants[name] = value
         else:
             parameters[name] = value

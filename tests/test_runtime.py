@@ -601,7 +601,8 @@ def test_results_too_large_to_gather_come_back_one_by_one() -> None:
     assert packed.results is None
 
 
-def test_small_kernels_run_on_the_one_thread_client_its_kernels_on_spinning_helpers() -> None:
+def test_small_kernels_run_on_the_one_thread_client_its_kernels_on_spinning_helpers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A model of small kernels (the shipped mobilenet_small: under native_gemm.SMALL_FLOPS flops a
     node) has its 1x1 and depthwise convolutions on oxla's kernels and runs on the one-thread
     client whatever XLA counts, where the kernels split their parts with helpers of their own;
@@ -632,6 +633,13 @@ def test_small_kernels_run_on_the_one_thread_client_its_kernels_on_spinning_help
     for x, w in zip(images, want):
         np.testing.assert_allclose(sess.run(None, {"image": x})[0], w, rtol=1e-4, atol=1e-5)
     assert sess.compiled.plan.one_thread and cpu_client.is_single_thread(sess.compiled._executor.device)
+    # its weights are small enough to be constants (plan.SMALL_WEIGHTS); kept as parameters the
+    # model is still one of small kernels (the two decisions once shared a variable)
+    assert not sess.compiled.params
+    monkeypatch.setattr(oxla.session, "SMALL_WEIGHTS", 0)
+    heavy = oxla.InferenceSession(str(MODELS / "mobilenet_small.onnx"))
+    assert heavy.compiled.params and heavy.compiled.plan.one_thread
+    np.testing.assert_allclose(heavy.run(None, {"image": images[0]})[0], want[0], rtol=1e-4, atol=1e-5)
 
     def caller(k: int) -> None:
         for i in range(20):
