@@ -143,7 +143,8 @@ class InferenceSession:
                           constant_weights=SMALL_WEIGHTS if device.platform == "cpu" else 0,
                           native_threads=native, native_recurrent=usable,
                           native_matmul=NATIVE_MATMUL_ONE_CORE and usable == 1,
-                          native_stems=usable > 0, native_convs=usable == 1)
+                          native_stems=usable > 0, native_convs=usable == 1,
+                          native_nms=usable > 0)
         with self._on_device():
             model = ModelProto()
             model.CopyFrom(self._model)

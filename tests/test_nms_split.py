@@ -12,6 +12,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 import oxla
+from oxla import native
 from oxla.lowering.ops import image
 from oxla.passes.nms_split import DOMAIN, split_non_max_suppression
 
@@ -61,6 +62,15 @@ def whole_nms_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
+@pytest.fixture(params=["native", "compiled"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The hint from oxla's NMS kernel (CPU sessions), or from the compiled ranked pass."""
+    if request.param == "native" and not native.available():
+        pytest.skip(f"oxla's native kernels: {native.unavailable_reason()}")
+    monkeypatch.setattr(image, "NATIVE_NMS", request.param == "native")
+    return str(request.param)
+
+
 def _boxes(rng: np.random.Generator, kind: str, shape: tuple[int, int], center: int) -> np.ndarray:
     if kind == "grid":  # on a half-unit grid: many equal, zero-area and reversed boxes
         return (rng.integers(0, 4, (*shape, 4)) / 2).astype(np.float32)
@@ -72,7 +82,7 @@ def _boxes(rng: np.random.Generator, kind: str, shape: tuple[int, int], center: 
 
 @pytest.mark.parametrize("center", [0, 1])
 @pytest.mark.parametrize("kind", ["grid", "normal", "boxes"])
-def test_split_matches_onnxruntime(kind: str, center: int) -> None:
+def test_split_matches_onnxruntime(kind: str, center: int, path: str) -> None:
     rng = np.random.default_rng(11)
     for n, classes, limit, iou, score in [(5, 3, 3, 0.5, None), (40, 2, 10, 0.0, 0.3),
                                           (300, 3, 50, 0.5, 0.5), (300, 2, 2**40, 0.7, None),
@@ -85,7 +95,8 @@ def test_split_matches_onnxruntime(kind: str, center: int) -> None:
         assert split
 
 
-def test_detector_sized_case_is_settled_by_the_compiled_prefix(whole_nms_calls: list[int]) -> None:
+def test_detector_sized_case_is_settled_by_the_compiled_prefix(whole_nms_calls: list[int],
+                                                              path: str) -> None:
     rng = np.random.default_rng(3)
     boxes = _boxes(rng, "boxes", (1, 1200), 0)
     scores = rng.random((1, 8, 1200)).astype(np.float32)
@@ -122,16 +133,18 @@ def test_settled_hint_is_sliced_without_the_interpreter(monkeypatch: pytest.Monk
     assert sess._compiled.stats.host_steps == steps + 1  # still counted as a host step
 
 
-def test_a_prefix_that_runs_out_falls_back_to_the_whole_nms(whole_nms_calls: list[int]) -> None:
-    # the 100 best boxes are one box: the prefix keeps 1 of the 40 wanted, others remain
+def test_a_prefix_that_runs_out_falls_back_to_the_whole_nms(whole_nms_calls: list[int],
+                                                            path: str) -> None:
+    # the 100 best boxes are one box: the prefix keeps 1 of the 40 wanted, others remain; the
+    # kernel goes on past its prefix itself
     boxes = np.tile(np.array([0, 0, 1, 1], np.float32), (300, 1))
     boxes[100:] += np.arange(200, dtype=np.float32)[:, None] * 2
     scores = np.linspace(1, 0.1, 300, dtype=np.float32)[None, None]
     got, _ = run_both(nms_model(boxes[None], scores, 40, 0.5, None), boxes[None], scores)
-    assert len(got) == 40 and whole_nms_calls
+    assert len(got) == 40 and bool(whole_nms_calls) == (path == "compiled")
 
 
-def test_ties_signed_zeros_and_nan_scores() -> None:
+def test_ties_signed_zeros_and_nan_scores(path: str) -> None:
     boxes = np.stack([np.arange(200) * 2, np.zeros(200), np.arange(200) * 2 + 1, np.ones(200)], 1)
     boxes = boxes[None].astype(np.float32)
     tied = (np.arange(200)[::-1] // 7).astype(np.float32)[None, None]  # the cut falls in a tie
@@ -178,3 +191,44 @@ def test_nothing_to_select(limit: int, score: float) -> None:
     scores = rng.random((2, 3, 30)).astype(np.float32)
     got, split = run_both(nms_model(boxes, scores, limit, 0.5, score), boxes, scores)
     assert split and got.shape == (0, 3)
+
+
+def test_native_kernel_is_the_host_nms() -> None:
+    """oxla_snms against the host op's NMS (itself checked against onnxruntime above) on random
+    cases: ties, signed zeros and NaN scores, degenerate, reversed, NaN and infinite boxes, tiny
+    boxes whose intersection underflows, negative and out-of-range thresholds, both box formats,
+    limits past the prefix."""
+    import jax
+    import jax.numpy as jnp
+
+    if not native.available():
+        pytest.skip(f"oxla's native kernels: {native.unavailable_reason()}")
+    rng = np.random.default_rng(0)
+    with jax.enable_x64(True):
+        for _ in range(400):
+            b, c, n = (int(v) for v in (rng.integers(1, 3), rng.integers(1, 4), rng.integers(1, 200)))
+            kind = rng.integers(0, 4)
+            if kind == 0:  # a small grid: equal, zero-area and reversed boxes
+                boxes = rng.integers(0, 6, (b, n, 4)).astype(np.float32)
+            elif kind == 1:  # tiny boxes: width times height underflows to 0
+                boxes = (rng.random((b, n, 4)) * 1e-22).astype(np.float32)
+            else:
+                boxes = (rng.random((b, n, 4)) * 10).astype(np.float32)
+            if rng.random() < 0.2:
+                boxes[rng.random(boxes.shape) < 0.03] = rng.choice([np.nan, np.inf, -np.inf])
+            scores = rng.random((b, c, n)).astype(np.float32)
+            if rng.random() < 0.5:
+                scores = np.round(scores * 4) / 4
+            if rng.random() < 0.2:
+                scores[rng.random(scores.shape) < 0.1] = rng.choice([np.nan, -0.0, 0.0])
+            limit = int(rng.integers(1, n + 1)) if rng.random() < 0.5 else int(min(n, rng.integers(1, 6)))
+            iou = np.float32(rng.choice([0.5, 0.0, 0.3, 1.0, -0.1]))
+            score = None if rng.random() < 0.4 else np.float32(rng.choice([0.0, 0.3, -1.0]))
+            center = int(rng.integers(0, 2))
+            want = image.non_max_suppression(None, boxes, scores, np.array([limit]), np.array([iou]),
+                                             None if score is None else np.array([score]),
+                                             center_point_box=center)
+            hint = np.asarray(image._native_nms(jnp.asarray(boxes), jnp.asarray(scores), limit, iou,
+                                                score, center))
+            assert hint.shape == (1 + b * c * limit, 3)
+            np.testing.assert_array_equal(image.settled_selection(hint), want)

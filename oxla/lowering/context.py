@@ -32,6 +32,7 @@ class Options:
     native_stems: bool = False       # with channels_last: image stems on oxla's stem kernel (CPU)
     native_convs: bool = False       # with channels_last: convolutions not beside a depthwise one on
                                      # oxla's kernels even on one core (native_threads 0)
+    native_nms: bool = False         # NonMaxSuppression's ranked pass on oxla's kernel (CPU)
     constant_weights: int = 0        # float initializers become HLO constants when they total at
                                      # most this many bytes (plan.SMALL_WEIGHTS; 0: never)
 

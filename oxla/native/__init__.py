@@ -41,6 +41,7 @@ GRU_TARGET = "oxla_sgru"
 LSTM_TARGET = "oxla_slstm"
 STEM_TARGET = "oxla_sstem"
 WINOGRAD_TARGET = "oxla_swino"
+NMS_TARGET = "oxla_snms"
 
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}
@@ -118,6 +119,7 @@ def _load() -> None:
     jax.ffi.register_ffi_target(STEM_TARGET, jax.ffi.pycapsule(lib.OxlaSstem), platform="cpu")
     jax.ffi.register_ffi_target(WINOGRAD_TARGET, jax.ffi.pycapsule(lib.OxlaSwino),
                                 platform="cpu")
+    jax.ffi.register_ffi_target(NMS_TARGET, jax.ffi.pycapsule(lib.OxlaSnms), platform="cpu")
     _STATE["lib"] = lib
 
 

@@ -1,7 +1,7 @@
 // oxla's float32 GEMM for XLA:CPU, reached through an XLA FFI custom call ("oxla_sgemm"); below
 // it, on the same vector layer and threads, a convolution ("oxla_sconv"), a depthwise
-// convolution ("oxla_sdwconv") and the time loops of GRU and LSTM layers ("oxla_sgru",
-// "oxla_slstm").
+// convolution ("oxla_sdwconv"), the time loops of GRU and LSTM layers ("oxla_sgru",
+// "oxla_slstm") and NonMaxSuppression's greedy pass ("oxla_snms").
 //
 // Y[..., N] = act(X[..., K] * W[K, N] + bias[N] (+ R[..., N])), W packed once at plan time into
 // panels of 32 columns, (ceil(N / 32), K, 32), zero padded (`pack` in oxla/native/__init__.py);
@@ -24,9 +24,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <pthread.h>
 #include <unistd.h>
 #include <mutex>
@@ -1902,6 +1904,167 @@ ffi::Error Slstm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> xw, ffi::Buffer<ffi
                         usable(threads, pool, true), pool, more);
 }
 
+// ---- NonMaxSuppression ("oxla_snms") ------------------------------------------------------------
+//
+// Greedy per-(batch, class) NMS as oxla's host op and onnxruntime compute it, written as the hint
+// of NonMaxSuppressionRanked (oxla/lowering/ops/image.py): row 0 [1, count, 0], then `count` rows
+// [batch, class, box] in (batch, class, selection) order, zeros after. Boxes go by descending
+// score, ties (0.0 and -0.0 included) to the lower index, NaN scores last; with a score threshold
+// only scores above it take part. A box is kept unless a kept box overlaps it: IoU = the
+// intersection's width (clamped at 0) times its height over area + area - intersection, in
+// float32 as the host's `_overlap_matrix` (no contraction into FMAs), above the threshold; boxes
+// without a positive area overlap nothing. Each row ranks only a prefix of its candidates
+// (nth_element) and sorts the rest when the prefix runs out before the limit.
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+
+inline float nan_min(float a, float b) { return (a != a || b != b) ? NAN : (b < a ? b : a); }
+inline float nan_max(float a, float b) { return (a != a || b != b) ? NAN : (b > a ? b : a); }
+
+#if defined(__AVX512F__)
+inline unsigned v_gt_bits(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
+#else
+inline unsigned v_gt_bits(V a, V b) { return _mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ)); }
+#endif
+
+// The kept boxes of one (batch, class) that can overlap something, one array per corner, padded
+// to whole vectors with boxes that overlap nothing.
+struct NmsKept {
+  std::vector<float> x0, x1, y0, y1, area;
+  int64_t n = 0;
+  void reset(int64_t cap) {
+    int64_t size = (cap + L - 1) / L * L;
+    for (auto* v : {&x0, &y0, &area}) v->assign(size, 1.0f);
+    for (auto* v : {&x1, &y1}) v->assign(size, 0.0f);
+    n = 0;
+  }
+  void add(float bx0, float bx1, float by0, float by1, float barea) {
+    x0[n] = bx0; x1[n] = bx1; y0[n] = by0; y1[n] = by1; area[n] = barea;
+    ++n;
+  }
+  // Whether a kept box overlaps box (cx0, cx1, cy0, cy1, carea): IoU = the intersection's width
+  // (clamped at 0) times its height over area + area - intersection > threshold. An intersection
+  // empty on either side (or NaN) passes no threshold (clamped width times height is then 0, -0 or
+  // NaN), so lanes need a positive width, height and product; the product and the quotient are
+  // then the scalar ones (no NaN reaches min and max: boxes with a NaN corner or no positive area
+  // never overlap and are not held here).
+  bool overlaps(float cx0, float cx1, float cy0, float cy1, float carea, float threshold) const {
+    const V bx0 = v_set(cx0), bx1 = v_set(cx1), by0 = v_set(cy0), by1 = v_set(cy1);
+    const V barea = v_set(carea), zero = v_zero(), thr = v_set(threshold);
+    for (int64_t j = 0; j < n; j += L) {
+      V wide = v_sub(v_min(v_load(&x1[j]), bx1), v_max(v_load(&x0[j]), bx0));
+      V high = v_sub(v_min(v_load(&y1[j]), by1), v_max(v_load(&y0[j]), by0));
+      unsigned live = v_gt_bits(wide, zero) & v_gt_bits(high, zero);
+      if (n - j < L) live &= (1u << (n - j)) - 1;
+      if (!live) continue;
+      V inter = v_mul(wide, high);
+      V uni = v_sub(v_add(v_load(&area[j]), barea), inter);
+      if (live & v_gt_bits(inter, zero) & v_gt_bits(v_div(inter, uni), thr)) return true;
+    }
+    return false;
+  }
+};
+
+struct NmsBox { float y0, x0, y1, x1, area; bool inert; };
+
+// Descending score, ties to the lower index, NaN last, as one unsigned key: ~(the score's bits
+// mapped to an increasing order) above the index; -0.0 ranks as 0.0.
+inline uint64_t nms_rank(float score, int64_t index) {
+  uint32_t u;
+  std::memcpy(&u, &score, 4);
+  uint32_t key;
+  if (score != score) {
+    key = 0xFFFFFFFFu;
+  } else {
+    if (score == 0) u = 0;
+    key = ~((u & 0x80000000u) ? ~u : (u | 0x80000000u));
+  }
+  return (uint64_t)key << 32 | (uint64_t)index;
+}
+
+ffi::Error Snms(ffi::Buffer<ffi::F32> boxes, ffi::Buffer<ffi::F32> scores,
+                ffi::ResultBuffer<ffi::S64> hint, int64_t limit, float iou, int64_t has_min,
+                float min_score, int64_t center) {
+  auto bd = boxes.dimensions();
+  auto sd = scores.dimensions();
+  if (bd.size() != 3 || bd[2] != 4 || sd.size() != 3 || sd[0] != bd[0] || sd[2] != bd[1] ||
+      limit < 1 || limit > bd[1])
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "oxla_snms: boxes must be (B, N, 4), scores (B, C, N), 1 <= limit <= N");
+  const int64_t B = bd[0], N = bd[1], C = sd[1];
+  if ((int64_t)hint->element_count() != 3 * (1 + B * C * limit))
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "oxla_snms: the hint's shape");
+  const float* bx = boxes.typed_data();
+  const float* sc = scores.typed_data();
+  int64_t* out = hint->typed_data();
+  // XLA runs with denormals flushed to zero; the host op (numpy) and onnxruntime keep them: an
+  // area or intersection below FLT_MIN must not become 0 here
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr & ~0x8040u);  // FTZ (bit 15) and DAZ (bit 6) off
+  struct Restore { unsigned csr; ~Restore() { _mm_setcsr(csr); } } restore{csr};
+  std::fill(out, out + 3 * (1 + B * C * limit), int64_t{0});
+  std::vector<NmsBox> corners(N);
+  std::vector<uint64_t> order(N);
+  std::vector<int32_t> kept;
+  kept.reserve(limit);
+  NmsKept held;
+  held.reset(limit);
+  int64_t count = 0;
+  int64_t* row_out = out + 3;
+  const int64_t prefix = std::max<int64_t>(2 * limit, 64);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t i = 0; i < N; ++i) {
+      const float* q = bx + (b * N + i) * 4;
+      NmsBox& e = corners[i];
+      if (center) {  // [x_center, y_center, width, height]
+        float hh = q[3] / 2, hw = q[2] / 2;
+        e.y0 = q[1] - hh; e.x0 = q[0] - hw; e.y1 = q[1] + hh; e.x1 = q[0] + hw;
+      } else {
+        e.y0 = nan_min(q[0], q[2]); e.x0 = nan_min(q[1], q[3]);
+        e.y1 = nan_max(q[0], q[2]); e.x1 = nan_max(q[1], q[3]);
+      }
+      float area = (e.y1 - e.y0) * (e.x1 - e.x0);
+      e.area = area > 0 ? area : NAN;
+      e.inert = !(area > 0) || e.y0 != e.y0 || e.x0 != e.x0 || e.y1 != e.y1 || e.x1 != e.x1;
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      const float* s = sc + (b * C + c) * N;
+      int64_t n = 0;
+      for (int64_t i = 0; i < N; ++i)
+        if (!has_min || s[i] > min_score) order[n++] = nms_rank(s[i], i);
+      int64_t sorted = std::min(n, prefix);
+      if (sorted < n) std::nth_element(order.begin(), order.begin() + sorted, order.begin() + n);
+      std::sort(order.begin(), order.begin() + sorted);
+      kept.clear();
+      held.n = 0;
+      for (int64_t p = 0; p < n && (int64_t)kept.size() < limit; ++p) {
+        if (p == sorted) {
+          std::sort(order.begin() + sorted, order.begin() + n);
+          sorted = n;
+        }
+        int32_t box = (int32_t)(order[p] & 0xFFFFFFFFu);
+        const NmsBox& e = corners[box];
+        if (e.inert) {
+          kept.push_back(box);
+        } else if (!held.overlaps(e.x0, e.x1, e.y0, e.y1, e.area, iou)) {
+          kept.push_back(box);
+          held.add(e.x0, e.x1, e.y0, e.y1, e.area);
+        }
+      }
+      for (int32_t k : kept) {
+        row_out[0] = b; row_out[1] = c; row_out[2] = k;
+        row_out += 3;
+      }
+      count += (int64_t)kept.size();
+    }
+  }
+  out[0] = 1;
+  out[1] = count;
+  return ffi::Error::Success();
+}
+
+#pragma GCC pop_options
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(OxlaSgemm, Sgemm,
@@ -2034,3 +2197,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(OxlaSlstm, Slstm,
                                   .Attr<int64_t>("input_forget")
                                   .Attr<int64_t>("reverse")       // D = 1: backward in time
                                   .Attr<float>("clip"));         // <= 0: none
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(OxlaSnms, Snms,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // boxes (B, N, 4)
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // scores (B, C, N)
+                                  .Ret<ffi::Buffer<ffi::S64>>()   // hint (1 + B C limit, 3)
+                                  .Attr<int64_t>("limit")         // max_output_boxes_per_class
+                                  .Attr<float>("iou")
+                                  .Attr<int64_t>("has_min")       // 0: no score threshold
+                                  .Attr<float>("min_score")
+                                  .Attr<int64_t>("center"));      // center_point_box

@@ -11,7 +11,10 @@ This pass splits such a node in two:
   the hint out as rows [batch, class, box], or runs the whole NMS where the hint did not settle.
 
 Suite detector (8 classes, 1200 boxes, limit 50), one thread: the host step 1.05 -> 0.1 ms; the
-compiled part ~0.17 ms. Each new op carries an ONNX function body, so the planned model stays a
+compiled part ~0.17 ms. In a CPU session (`Options.native_nms`) the hint comes from oxla's kernel
+(`oxla_snms`: the exact greedy pass over every candidate, so it always settles): the detector's
+hint 587 -> ~80-130 us at default threads (top_k, the overlap matrix and the fixed point had
+taken 205, 197 and 65 us), the whole model 0.949x the time. Each new op carries an ONNX function body, so the planned model stays a
 model onnxruntime runs: the hint's body settles nothing, the host op's body is the ONNX op.
 """
 
