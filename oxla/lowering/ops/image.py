@@ -346,7 +346,8 @@ def non_max_suppression(cx, boxes, scores, max_output_boxes_per_class=None, iou_
     iou = boxes.dtype.type(_first(iou_threshold, 0.0))
     min_score = _first(score_threshold, None)
     min_score = None if min_score is None else scores.dtype.type(min_score)
-    kept = _nms_rows(boxes, scores, limit, iou, min_score, center_point_box)
+    with np.errstate(invalid="ignore", over="ignore"):  # infinite corners: NaN sides, no overlap
+        kept = _nms_rows(boxes, scores, limit, iou, min_score, center_point_box)
     row = np.repeat(np.arange(len(kept)), [len(k) for k in kept])
     classes = scores.shape[1]
     return np.stack([row // classes, row % classes, np.concatenate([row[:0], *kept])], axis=1).astype(np.int64)
