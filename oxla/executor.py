@@ -40,6 +40,8 @@ from oxla.lowering.values import Value, is_static, to_host, to_static
 from oxla.lru import LRU, CacheInfo
 from oxla.native import CONV_TARGET, DEPTHWISE_TARGET, GEMM_TARGET
 from oxla.params import ParamLayout
+from oxla.passes.nms_split import DOMAIN as NMS_DOMAIN
+from oxla.passes.nms_split import TAKE_ROWS, take_rows
 from oxla.plan import Plan
 
 DEFAULT_CACHE_SIZE = 64   # compiled segments kept per model
@@ -88,6 +90,9 @@ class Segment:
     fast: tuple[tuple[str, Any], ...] | None = None
     wide: bool = True
     packed: Packed | None = None         # the staged form of `call` (see Packed), when it has one
+    # graph outputs the graph's trailing oxla.nms::TakeRows nodes cut from this (last) segment's
+    # results: (output, padded rows, hint), applied on the host after the call (see `_trims`)
+    trims: tuple[tuple[str, str, str], ...] = ()
 
 
 # The first segment of a call takes its feeds in one staging buffer (Packed) when they are arrays
@@ -270,7 +275,15 @@ class Executor:
             outs = _checked(seg, outs)
         if seg.fast is None:
             return outs
+        if seg.trims:
+            return [outs[x] if kind == "out" else values[x] if kind == "in"
+                    else self._taken(outs[x[0]], outs[x[1]], host) if kind == "trim" else x
+                    for kind, x in seg.fast]
         return [outs[x] if kind == "out" else values[x] if kind == "in" else x for kind, x in seg.fast]
+
+    def _taken(self, rows: Any, hint: Any, host: bool) -> Any:
+        taken = take_rows(rows, hint)
+        return taken if host else jax.device_put(taken, self._sharding)
 
     def host_runner(self, signature: Sequence[tuple[tuple[int, ...], np.dtype]]
                     ) -> Callable[[Sequence[np.ndarray]], list[Any] | None] | None:
@@ -288,7 +301,7 @@ class Executor:
         93.6 against 88.7 us (one process, interleaved)."""
         slot = self._cache.get(tuple(signature), count_miss=False)
         seg = None if slot is None else slot.segment
-        if seg is None or seg.call is None or seg.checks:
+        if seg is None or seg.call is None or seg.checks or seg.trims:  # trims: run_fast
             return None
         n_out, n_in = len(seg.outputs), len(signature)
         fast = seg.fast or tuple(("out", i) for i in range(n_out))
@@ -383,6 +396,9 @@ class Executor:
                     break
                 self._host_step(seg.stop, env)
                 pos, prev = seg.stop + 1, seg.uid
+            for name, rows, hint in seg.trims:
+                taken = take_rows(env.traced[rows], env.traced[hint])
+                env.traced[name] = taken if host else jax.device_put(taken, self._sharding)
             if seg is first and env.origin is None and not env.host:
                 self._register_fast(feeds, seg)
             return {n: self._lookup(env, n) for n in self.plan.output_names}
@@ -438,9 +454,13 @@ class Executor:
             return
         order = tuple(names.index(n) for n in seg.inputs)
         fast: list[tuple[str, Any]] = []
+        trimmed = {name: (seg.outputs.index(rows), seg.outputs.index(hint))
+                   for name, rows, hint in seg.trims}
         for name in self.plan.output_names:
             if name in seg.outputs:
                 fast.append(("out", seg.outputs.index(name)))
+            elif name in trimmed:
+                fast.append(("trim", trimmed[name]))
             elif name in names:
                 fast.append(("in", names.index(name)))
             else:
@@ -453,7 +473,7 @@ class Executor:
             np.dtype(a.dtype) in _WIDE for a in (*self._leaves, *feeds.values()))
         entry = Segment(seg.pos, None, seg.inputs, seg.in_tree, seg.outputs, seg.statics, seg.call,
                         seg.uid, seg.checks, None if order == tuple(range(len(names))) else order,
-                        None if direct else tuple(fast), wide, seg.packed)
+                        None if direct else tuple(fast), wide, seg.packed, seg.trims)
         slot = self._cache.setdefault(tuple([(feeds[n].shape, feeds[n].dtype) for n in names]), _Slot())
         slot.segment = entry
 
@@ -498,9 +518,10 @@ class Executor:
             made = {n: v for n, v in scope.values.items() if n in live and n not in traced
                     and n not in plan.constants and n not in plan.parameters and n not in static_in
                     and v is not HOST}
-            record["stop"] = stop
             record["statics"] = {n: v for n, v in made.items() if is_static(v)}
             record["outputs"] = tuple(sorted(n for n, v in made.items() if not is_static(v)))
+            record["trims"] = self._trims(stop, record["outputs"])
+            record["stop"] = None if record["trims"] else stop
             record["checks"] = tuple(message for _, _, message in checks)
             outs = tuple(made[n] for n in record["outputs"])
             return (*outs, _check_code(checks)) if checks else outs
@@ -551,7 +572,19 @@ class Executor:
             if inputs is not None:
                 call = packed = Packed(call, inputs, record["results"], self._sharding)
         return Segment(pos, record["stop"], traced, in_tree, record["outputs"], record["statics"], call,
-                       next(_UIDS), record["checks"], packed=packed)
+                       next(_UIDS), record["checks"], packed=packed, trims=record["trims"])
+
+    def _trims(self, stop: int | None, outputs: tuple[str, ...]) -> tuple[tuple[str, str, str], ...]:
+        """The graph's nodes from `stop` on as (output, rows, hint) when every one of them is an
+        oxla.nms::TakeRows of this segment's results (`nms_split.trim_nms_rows`), else ()."""
+        nodes = self.plan.nodes[stop:] if stop is not None else ()
+        trims = tuple((n.output[0], n.input[0], n.input[1]) for n in nodes
+                      if n.domain == NMS_DOMAIN and n.op_type == TAKE_ROWS
+                      and len(n.input) == 2 and len(n.output) == 1)
+        if not trims or len(trims) != len(nodes) \
+                or any(rows not in outputs or hint not in outputs for _, rows, hint in trims):
+            return ()
+        return trims
 
     def _compile(self, lowered: Any, nodes: Sequence[Any]) -> Callable[..., Any]:
         """The C++ entry of `lowered`, compiled with the options for `nodes`."""

@@ -17,6 +17,8 @@ from onnx import ModelProto, NodeProto, TypeProto
 from oxla.dtypes import is_float
 from oxla.graph import initializer_values, last_uses, model_opsets, node_reads, producers
 from oxla.lowering.context import Options
+from oxla.native import available as native_available
+from oxla.passes import nms_split
 from oxla.passes.channels_last import convs_to_channels_last
 from oxla.passes.classify import DispatchTable, check_supported
 from oxla.passes.constants import large_constants_to_initializers
@@ -28,7 +30,7 @@ from oxla.passes.native_gemm import (
     small_kernels,
     stems_to_native,
 )
-from oxla.passes.nms_split import split_non_max_suppression
+from oxla.passes.nms_split import split_non_max_suppression, trim_nms_rows
 from oxla.passes.pad_ahead import pad_ahead
 from oxla.passes.qdq_conv import qdq_adds_to_qlinear, qdq_conv_to_integer, quantized_max_pools
 from oxla.passes.qlinear_conv import qlinear_conv_centered
@@ -121,7 +123,9 @@ def prepare(model: ModelProto, options: Options) -> tuple[DispatchTable, bool]:
                     convs_to_native(model, small=small)
                 elif options.native_convs:  # one core: the kernels on one thread
                     convs_to_native(model, beside_depthwise=False)
-    split_non_max_suppression(model)
+    if split_non_max_suppression(model) and options.native_nms and nms_split.NATIVE_NMS \
+            and nms_split.TRIM_ROWS and native_available():
+        trim_nms_rows(model, nms_split.NATIVE_ROWS)  # the kernel's hints always settle
     return table, small
 
 

@@ -14,6 +14,7 @@ from onnx import helper, numpy_helper
 import oxla
 from oxla import native
 from oxla.lowering.ops import image
+from oxla.passes import nms_split
 from oxla.passes.nms_split import DOMAIN, split_non_max_suppression
 
 OPSET = 17
@@ -67,7 +68,7 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     """The hint from oxla's NMS kernel (CPU sessions), or from the compiled ranked pass."""
     if request.param == "native" and not native.available():
         pytest.skip(f"oxla's native kernels: {native.unavailable_reason()}")
-    monkeypatch.setattr(image, "NATIVE_NMS", request.param == "native")
+    monkeypatch.setattr(nms_split, "NATIVE_NMS", request.param == "native")
     return str(request.param)
 
 
@@ -106,8 +107,11 @@ def test_detector_sized_case_is_settled_by_the_compiled_prefix(whole_nms_calls: 
 
 def test_settled_hint_is_sliced_without_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     """The host step takes a settled hint's rows itself (the rule's `host` shortcut): no node runs
-    through the interpreter after the first call compiled the segments."""
+    through the interpreter after the first call compiled the segments (the rows not trimmed after
+    the segment instead: see the tests of trim_nms_rows below)."""
     from oxla.lowering.interpreter import Interpreter
+
+    monkeypatch.setattr(nms_split, "TRIM_ROWS", False)
 
     rng = np.random.default_rng(5)
     boxes = _boxes(rng, "boxes", (1, 300), 0)
@@ -232,3 +236,101 @@ def test_native_kernel_is_the_host_nms() -> None:
                                                 score, center))
             assert hint.shape == (1 + b * c * limit, 3)
             np.testing.assert_array_equal(image.settled_selection(hint), want)
+
+
+def detector_tail(boxes: np.ndarray, scores: np.ndarray, limit: int, score: float | None,
+                  tail: str = "rows") -> onnx.ModelProto:
+    """nms_model plus a detector's reading of the selection: the kept boxes (Gather of the box
+    column, Squeeze, Gather of batch 0's boxes by them) as a second output; `tail="sum"` reads
+    the selection with a ReduceSum instead (not one row per row)."""
+    model = nms_model(boxes, scores, limit, 0.5, score)
+    graph = model.graph
+    consts = {"col": np.array([2], np.int64), "axes": np.array([1], np.int64),
+              "zero": np.array(0, np.int64)}
+    graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items())
+    if tail == "sum":
+        graph.node.append(helper.make_node("ReduceSum", ["selected"], ["kept"], keepdims=0))
+        out = helper.make_tensor_value_info("kept", onnx.TensorProto.INT64, [])
+    else:
+        graph.node.extend([
+            helper.make_node("Gather", ["selected", "col"], ["idx2"], axis=1),
+            helper.make_node("Squeeze", ["idx2", "axes"], ["idx"]),
+            helper.make_node("Gather", ["boxes", "zero"], ["boxes0"]),
+            helper.make_node("Gather", ["boxes0", "idx"], ["kept"]),
+        ])
+        out = helper.make_tensor_value_info("kept", onnx.TensorProto.FLOAT, ["n", 4])
+    graph.output.append(out)
+    return model
+
+
+@pytest.mark.parametrize("score", [0.3, None])
+def test_rows_are_trimmed_after_one_compiled_segment(score: float | None) -> None:
+    """With the kernel's hint (CPU sessions) what reads the selection row by row runs on the padded
+    rows in the one compiled segment, and the graph outputs are cut on the host: no host step, one
+    compile, and onnxruntime's results for selections of every length, through the session's
+    fast path and the executor's general path (JAX arrays) alike."""
+    if not native.available():
+        pytest.skip(f"oxla's native kernels: {native.unavailable_reason()}")
+    rng = np.random.default_rng(8)
+    boxes = _boxes(rng, "boxes", (1, 300), 0)
+    scores = rng.random((1, 4, 300)).astype(np.float32)
+    model = detector_tail(boxes, scores, 20, score)
+    sess = oxla.InferenceSession(model.SerializeToString())
+    assert [n.op_type for n in sess._compiled.plan.nodes[-2:]] == ["TakeRows", "TakeRows"]
+    ref = onnxruntime.InferenceSession(model.SerializeToString())
+    lengths = set()
+    for scale in (1.0, 0.32, 0.305, 0.0):  # fewer and fewer scores above the threshold
+        feeds = {"boxes": boxes, "scores": (scores * scale).astype(np.float32)}
+        want = ref.run(None, feeds)
+        for _ in range(2):
+            got = sess.run(None, feeds)
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_array_equal(g, w)
+        direct = sess._compiled(feeds)  # the general path, JAX arrays
+        np.testing.assert_array_equal(np.asarray(direct["kept"]), want[1])
+        lengths.add(len(want[0]))
+    assert len(lengths) >= (3 if score is not None else 1)
+    stats = sess._compiled.stats
+    assert stats.host_steps == 0 and stats.compiles == 1
+
+
+def test_the_trimmed_plan_runs_in_onnxruntime() -> None:
+    """The planned model (HintRows, TakeRows and the ranked hint carry ONNX function bodies, the
+    hint's now the settled one) gives onnxruntime its own results."""
+    if not native.available():
+        pytest.skip(f"oxla's native kernels: {native.unavailable_reason()}")
+    rng = np.random.default_rng(9)
+    boxes = _boxes(rng, "boxes", (1, 200), 0)
+    scores = rng.random((1, 3, 200)).astype(np.float32)
+    model = detector_tail(boxes, scores, 15, 0.4)
+    planned = oxla.InferenceSession(model.SerializeToString())._compiled.model
+    assert {n.op_type for n in planned.graph.node if n.domain == DOMAIN} >= {"HintRows", "TakeRows"}
+    feeds = {"boxes": boxes, "scores": scores}
+    want = onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)
+    got = onnxruntime.InferenceSession(planned.SerializeToString()).run(None, feeds)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_other_readers_keep_the_host_step() -> None:
+    """A reader that does not keep one row per selected row (a ReduceSum) leaves the rows to the
+    host step, whose result it then reads."""
+    rng = np.random.default_rng(10)
+    boxes = _boxes(rng, "boxes", (1, 100), 0)
+    scores = rng.random((1, 2, 100)).astype(np.float32)
+    model = detector_tail(boxes, scores, 10, 0.2, tail="sum")
+    sess = oxla.InferenceSession(model.SerializeToString())
+    assert not any(n.op_type == "TakeRows" for n in sess._compiled.plan.nodes)
+    feeds = {"boxes": boxes, "scores": scores}
+    want = onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)
+    for g, w in zip(sess.run(None, feeds), want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    assert sess._compiled.stats.host_steps == 1
+
+
+def test_take_rows_refuses_an_unsettled_hint() -> None:
+    with pytest.raises(oxla.OxlaError, match="did not settle"):
+        nms_split.take_rows(np.zeros((5, 3), np.int64), np.full((1, 1), -1, np.int64))
+    np.testing.assert_array_equal(
+        nms_split.take_rows(np.arange(12).reshape(4, 3), np.array([[1, 2, 0], [0, 0, 0]])),
+        np.arange(6).reshape(2, 3))

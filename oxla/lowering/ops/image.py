@@ -15,7 +15,9 @@ from jax import lax
 from oxla import native
 from oxla.lowering.common import check_size
 from oxla.lowering.registry import rule
+from oxla.passes import nms_split
 from oxla.passes.nms_split import DOMAIN as NMS_DOMAIN
+from oxla.passes.nms_split import take_rows
 
 # --- GridSample, AffineGrid -------------------------------------------------------------------
 
@@ -356,8 +358,6 @@ def non_max_suppression(cx, boxes, scores, max_output_boxes_per_class=None, iou_
 # --- NonMaxSuppression split by NmsSplitPass (oxla.nms): the ranked prefix compiled -------------
 
 _COMPILED_ELEMENTS = 1 << 22  # past this many overlap-matrix entries the hint settles nothing
-_NATIVE_ROWS = 1 << 22        # the kernel's hint holds at most this many rows (96 MiB)
-NATIVE_NMS = True             # False: the compiled ranked pass on CPU sessions too (for measuring)
 
 
 def _settles_nothing() -> Any:
@@ -381,8 +381,9 @@ def non_max_suppression_ranked(cx, boxes, scores, max_output_boxes_per_class, io
     k = min(n, max(2 * limit, 64))
     iou = boxes.dtype.type(_first(iou_threshold, 0.0))
     min_score = _first(score_threshold, None)
-    if rows and limit and NATIVE_NMS and cx.options.native_nms and boxes.dtype == scores.dtype == jnp.float32 \
-            and rows * limit <= _NATIVE_ROWS and native.available():
+    if rows and limit and nms_split.NATIVE_NMS and cx.options.native_nms \
+            and boxes.dtype == scores.dtype == jnp.float32 and rows * limit <= nms_split.NATIVE_ROWS \
+            and native.available():
         return _native_nms(boxes, scores, limit, iou, min_score, center_point_box)
     if rows == 0 or limit == 0 or rows * k * k > _COMPILED_ELEMENTS:
         return _settles_nothing()
@@ -476,6 +477,18 @@ def non_max_suppression_hinted(cx, hint, boxes, scores, max_output_boxes_per_cla
         return non_max_suppression(cx, boxes, scores, max_output_boxes_per_class, iou_threshold,
                                    score_threshold, center_point_box=center_point_box)
     return rows
+
+
+@rule("HintRows", since=1, domain=NMS_DOMAIN)
+def hint_rows(cx, hint):
+    """A settled hint's rows after its head, padding included (`nms_split.trim_nms_rows`)."""
+    return hint[1:]
+
+
+@rule("TakeRows", since=1, domain=NMS_DOMAIN, static=("*",))
+def take_rows_rule(cx, rows, hint):
+    """`rows` cut to the selection's length (the executor does this after the segment itself)."""
+    return take_rows(rows, hint)
 
 
 # --- ImageDecoder: Pillow decodes (the optional `oxla[image]` extra) ---------------------------
