@@ -1982,9 +1982,70 @@ inline uint64_t nms_rank(float score, int64_t index) {
   return (uint64_t)key << 32 | (uint64_t)index;
 }
 
-ffi::Error Snms(ffi::Buffer<ffi::F32> boxes, ffi::Buffer<ffi::F32> scores,
-                ffi::ResultBuffer<ffi::S64> hint, int64_t limit, float iou, int64_t has_min,
-                float min_score, int64_t center) {
+struct NmsJob {
+  const NmsBox* corners;  // (B, N)
+  const float* scores;    // (B, C, N)
+  int64_t* out;           // the hint's rows after its head: row r's kept boxes from r * limit
+  int64_t* counts;        // kept boxes of each row
+  int64_t B, C, N, limit;
+  float iou, min_score;
+  bool has_min;
+};
+
+// Rows (batch, class) [part * rows / parts, (part + 1) * rows / parts): each one's kept boxes as
+// [batch, class, box] at its own slots (Snms compacts them after).
+void nms_part(const void* ctx, int part, int parts) {
+  const NmsJob& j = *static_cast<const NmsJob*>(ctx);
+  // XLA runs with denormals flushed to zero; the host op (numpy) and onnxruntime keep them: an
+  // area or intersection below FLT_MIN must not become 0 here (MXCSR is the thread's own)
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr & ~0x8040u);  // FTZ (bit 15) and DAZ (bit 6) off
+  struct Restore { unsigned csr; ~Restore() { _mm_setcsr(csr); } } restore{csr};
+  const int64_t rows = j.B * j.C;
+  const int64_t prefix = std::max<int64_t>(2 * j.limit, 64);
+  std::vector<uint64_t> order(j.N);
+  std::vector<int32_t> kept;
+  kept.reserve(j.limit);
+  NmsKept held;
+  held.reset(j.limit);
+  for (int64_t r = rows * part / parts; r < rows * (part + 1) / parts; ++r) {
+    const int64_t b = r / j.C, c = r % j.C;
+    const float* s = j.scores + r * j.N;
+    const NmsBox* corners = j.corners + b * j.N;
+    int64_t n = 0;
+    for (int64_t i = 0; i < j.N; ++i)
+      if (!j.has_min || s[i] > j.min_score) order[n++] = nms_rank(s[i], i);
+    int64_t sorted = std::min(n, prefix);
+    if (sorted < n) std::nth_element(order.begin(), order.begin() + sorted, order.begin() + n);
+    std::sort(order.begin(), order.begin() + sorted);
+    kept.clear();
+    held.n = 0;
+    for (int64_t p = 0; p < n && (int64_t)kept.size() < j.limit; ++p) {
+      if (p == sorted) {
+        std::sort(order.begin() + sorted, order.begin() + n);
+        sorted = n;
+      }
+      int32_t box = (int32_t)(order[p] & 0xFFFFFFFFu);
+      const NmsBox& e = corners[box];
+      if (e.inert) {
+        kept.push_back(box);
+      } else if (!held.overlaps(e.x0, e.x1, e.y0, e.y1, e.area, j.iou)) {
+        kept.push_back(box);
+        held.add(e.x0, e.x1, e.y0, e.y1, e.area);
+      }
+    }
+    int64_t* row_out = j.out + 3 * r * j.limit;
+    for (int32_t k : kept) {
+      row_out[0] = b; row_out[1] = c; row_out[2] = k;
+      row_out += 3;
+    }
+    j.counts[r] = (int64_t)kept.size();
+  }
+}
+
+ffi::Error Snms(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> boxes, ffi::Buffer<ffi::F32> scores,
+                ffi::ResultBuffer<ffi::S64> hint, int64_t threads, int64_t limit, float iou,
+                int64_t has_min, float min_score, int64_t center) {
   auto bd = boxes.dimensions();
   auto sd = scores.dimensions();
   if (bd.size() != 3 || bd[2] != 4 || sd.size() != 3 || sd[0] != bd[0] || sd[2] != bd[1] ||
@@ -1995,26 +2056,13 @@ ffi::Error Snms(ffi::Buffer<ffi::F32> boxes, ffi::Buffer<ffi::F32> scores,
   if ((int64_t)hint->element_count() != 3 * (1 + B * C * limit))
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "oxla_snms: the hint's shape");
   const float* bx = boxes.typed_data();
-  const float* sc = scores.typed_data();
   int64_t* out = hint->typed_data();
-  // XLA runs with denormals flushed to zero; the host op (numpy) and onnxruntime keep them: an
-  // area or intersection below FLT_MIN must not become 0 here
-  const unsigned csr = _mm_getcsr();
-  _mm_setcsr(csr & ~0x8040u);  // FTZ (bit 15) and DAZ (bit 6) off
-  struct Restore { unsigned csr; ~Restore() { _mm_setcsr(csr); } } restore{csr};
-  std::fill(out, out + 3 * (1 + B * C * limit), int64_t{0});
-  std::vector<NmsBox> corners(N);
-  std::vector<uint64_t> order(N);
-  std::vector<int32_t> kept;
-  kept.reserve(limit);
-  NmsKept held;
-  held.reset(limit);
-  int64_t count = 0;
-  int64_t* row_out = out + 3;
-  const int64_t prefix = std::max<int64_t>(2 * limit, 64);
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t i = 0; i < N; ++i) {
-      const float* q = bx + (b * N + i) * 4;
+  std::vector<NmsBox> corners(B * N);
+  {
+    const unsigned csr = _mm_getcsr();  // as in nms_part: denormal areas stay positive
+    _mm_setcsr(csr & ~0x8040u);
+    for (int64_t i = 0; i < B * N; ++i) {
+      const float* q = bx + i * 4;
       NmsBox& e = corners[i];
       if (center) {  // [x_center, y_center, width, height]
         float hh = q[3] / 2, hw = q[2] / 2;
@@ -2027,39 +2075,25 @@ ffi::Error Snms(ffi::Buffer<ffi::F32> boxes, ffi::Buffer<ffi::F32> scores,
       e.area = area > 0 ? area : NAN;
       e.inert = !(area > 0) || e.y0 != e.y0 || e.x0 != e.x0 || e.y1 != e.y1 || e.x1 != e.x1;
     }
-    for (int64_t c = 0; c < C; ++c) {
-      const float* s = sc + (b * C + c) * N;
-      int64_t n = 0;
-      for (int64_t i = 0; i < N; ++i)
-        if (!has_min || s[i] > min_score) order[n++] = nms_rank(s[i], i);
-      int64_t sorted = std::min(n, prefix);
-      if (sorted < n) std::nth_element(order.begin(), order.begin() + sorted, order.begin() + n);
-      std::sort(order.begin(), order.begin() + sorted);
-      kept.clear();
-      held.n = 0;
-      for (int64_t p = 0; p < n && (int64_t)kept.size() < limit; ++p) {
-        if (p == sorted) {
-          std::sort(order.begin() + sorted, order.begin() + n);
-          sorted = n;
-        }
-        int32_t box = (int32_t)(order[p] & 0xFFFFFFFFu);
-        const NmsBox& e = corners[box];
-        if (e.inert) {
-          kept.push_back(box);
-        } else if (!held.overlaps(e.x0, e.x1, e.y0, e.y1, e.area, iou)) {
-          kept.push_back(box);
-          held.add(e.x0, e.x1, e.y0, e.y1, e.area);
-        }
-      }
-      for (int32_t k : kept) {
-        row_out[0] = b; row_out[1] = c; row_out[2] = k;
-        row_out += 3;
-      }
-      count += (int64_t)kept.size();
-    }
+    _mm_setcsr(csr);
   }
+  std::vector<int64_t> counts(B * C);
+  NmsJob j{corners.data(), scores.typed_data(), out + 3, counts.data(), B, C, N, limit,
+           iou, min_score, has_min != 0};
+  // a row's ranking and greedy pass: ~N + the kept boxes' overlaps, counted as flops for
+  // `parallel`'s choice of threads
+  parallel(nms_part, &j, usable(threads, pool), (double)(B * C) * (double)N * 64.0, pool, 1);
+  // the rows' boxes one after another (each moves down, never past the next row's)
+  int64_t count = 0;
+  for (int64_t r = 0; r < B * C; ++r) {
+    if (count != r * limit && counts[r])
+      std::memmove(out + 3 + 3 * count, out + 3 + 3 * r * limit, sizeof(int64_t) * 3 * counts[r]);
+    count += counts[r];
+  }
+  std::fill(out + 3 + 3 * count, out + 3 * (1 + B * C * limit), int64_t{0});
   out[0] = 1;
   out[1] = count;
+  out[2] = 0;
   return ffi::Error::Success();
 }
 
@@ -2200,9 +2234,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(OxlaSlstm, Slstm,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(OxlaSnms, Snms,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()   // boxes (B, N, 4)
                                   .Arg<ffi::Buffer<ffi::F32>>()   // scores (B, C, N)
                                   .Ret<ffi::Buffer<ffi::S64>>()   // hint (1 + B C limit, 3)
+                                  .Attr<int64_t>("threads")
                                   .Attr<int64_t>("limit")         // max_output_boxes_per_class
                                   .Attr<float>("iou")
                                   .Attr<int64_t>("has_min")       // 0: no score threshold

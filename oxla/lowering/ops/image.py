@@ -384,7 +384,8 @@ def non_max_suppression_ranked(cx, boxes, scores, max_output_boxes_per_class, io
     if rows and limit and nms_split.NATIVE_NMS and cx.options.native_nms \
             and boxes.dtype == scores.dtype == jnp.float32 and rows * limit <= nms_split.NATIVE_ROWS \
             and native.available():
-        return _native_nms(boxes, scores, limit, iou, min_score, center_point_box)
+        return _native_nms(boxes, scores, limit, iou, min_score, center_point_box,
+                           cx.options.native_threads)
     if rows == 0 or limit == 0 or rows * k * k > _COMPILED_ELEMENTS:
         return _settles_nothing()
     flat = scores.reshape(rows, n)
@@ -412,14 +413,17 @@ def non_max_suppression_ranked(cx, boxes, scores, max_output_boxes_per_class, io
 
 
 def _native_nms(boxes: Any, scores: Any, limit: int, iou: np.floating, min_score: Any,
-                center_point_box: int) -> Any:
+                center_point_box: int, threads: int = 1) -> Any:
     """The hint from oxla's kernel (`oxla_snms`): the exact greedy NMS over every candidate, so it
-    always settles. The compiled ranked pass below took 587 us on the detector's 8 x 1200
-    scores (top_k 205, the overlap matrix 197, the fixed point 65); the kernel ~20 us."""
+    always settles; its (batch, class) rows on `threads` threads. The compiled ranked pass below
+    took 587 us on the detector's 8 x 1200 scores (top_k 205, the overlap matrix 197, the fixed
+    point 65); the kernel, in jax.jit on the one-thread client, 99 us on one thread and 73 on two
+    (~20 of them the call)."""
     batches, classes, _ = scores.shape
     out = jax.ShapeDtypeStruct((1 + batches * classes * limit, 3), jnp.int64)
     return jax.ffi.ffi_call(native.NMS_TARGET, out)(
-        boxes, scores, limit=np.int64(limit), iou=np.float32(iou),
+        boxes, scores, threads=np.int64(max(1, threads)), limit=np.int64(limit),
+        iou=np.float32(iou),
         has_min=np.int64(min_score is not None),
         min_score=np.float32(0.0 if min_score is None else min_score),
         center=np.int64(center_point_box))
