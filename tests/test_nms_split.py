@@ -201,7 +201,7 @@ def test_native_kernel_is_the_host_nms() -> None:
     """oxla_snms against the host op's NMS (itself checked against onnxruntime above) on random
     cases: ties, signed zeros and NaN scores, degenerate, reversed, NaN and infinite boxes, tiny
     boxes whose intersection underflows, negative and out-of-range thresholds, both box formats,
-    limits past the prefix."""
+    limits past the prefix; on one thread or two (rows compacted after)."""
     import jax
     import jax.numpy as jnp
 
@@ -209,8 +209,10 @@ def test_native_kernel_is_the_host_nms() -> None:
         pytest.skip(f"oxla's native kernels: {native.unavailable_reason()}")
     rng = np.random.default_rng(0)
     with jax.enable_x64(True):
-        for _ in range(400):
+        for case in range(412):
             b, c, n = (int(v) for v in (rng.integers(1, 3), rng.integers(1, 4), rng.integers(1, 200)))
+            if case >= 400:  # rows enough for the kernel to split them over two threads
+                b, c, n = 2, 4, 1000
             kind = rng.integers(0, 4)
             if kind == 0:  # a small grid: equal, zero-area and reversed boxes
                 boxes = rng.integers(0, 6, (b, n, 4)).astype(np.float32)
@@ -233,7 +235,7 @@ def test_native_kernel_is_the_host_nms() -> None:
                                              None if score is None else np.array([score]),
                                              center_point_box=center)
             hint = np.asarray(image._native_nms(jnp.asarray(boxes), jnp.asarray(scores), limit, iou,
-                                                score, center))
+                                                score, center, threads=int(rng.integers(1, 3))))
             assert hint.shape == (1 + b * c * limit, 3)
             np.testing.assert_array_equal(image.settled_selection(hint), want)
 
