@@ -397,8 +397,7 @@ class Executor:
                 self._host_step(seg.stop, env)
                 pos, prev = seg.stop + 1, seg.uid
             for name, rows, hint in seg.trims:
-                taken = take_rows(env.traced[rows], env.traced[hint])
-                env.traced[name] = taken if host else jax.device_put(taken, self._sharding)
+                env.traced[name] = self._taken(env.traced[rows], env.traced[hint], host)
             if seg is first and env.origin is None and not env.host:
                 self._register_fast(feeds, seg)
             return {n: self._lookup(env, n) for n in self.plan.output_names}

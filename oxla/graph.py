@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence, Set
+from collections.abc import Callable, Iterable, Iterator, Sequence, Set
 from typing import Any
 
 import numpy as np
@@ -125,6 +125,25 @@ def tensor_value(name: str, convert: Any) -> np.ndarray:
         return np.asarray(convert())
     except (ValueError, TypeError, KeyError, IndexError) as e:
         raise InvalidModelError(f"tensor '{name}': its data does not fit its type and shape ({e})") from None
+
+
+def constant_values(graph: GraphProto) -> Callable[[str], np.ndarray | None]:
+    """name -> value for initializers that cannot be fed and Constant nodes' tensors."""
+    fed = {i.name for i in graph.input}
+    tensors: dict[str, TensorProto] = {t.name: t for t in graph.initializer if t.name not in fed}
+    for node in graph.node:
+        if node.op_type == "Constant" and canonical_domain(node.domain) == "" and node.output \
+                and len(node.attribute) == 1 and node.attribute[0].name == "value":
+            tensors[node.output[0]] = node.attribute[0].t
+    cache: dict[str, np.ndarray] = {}
+
+    def value(name: str) -> np.ndarray | None:
+        if name not in cache and name in tensors:
+            t = tensors[name]
+            cache[name] = tensor_value(name, lambda: numpy_helper.to_array(t))
+        return cache.get(name)
+
+    return value
 
 
 def attribute_value(attr: AttributeProto) -> Any:

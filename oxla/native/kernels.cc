@@ -1982,6 +1982,15 @@ inline uint64_t nms_rank(float score, int64_t index) {
   return (uint64_t)key << 32 | (uint64_t)index;
 }
 
+// XLA runs with denormals flushed to zero; the host op (numpy) and onnxruntime keep them: an
+// area or intersection below FLT_MIN must not become 0 here. MXCSR is the thread's own, so each
+// thread that computes takes one of these.
+struct KeepDenormals {
+  unsigned csr = _mm_getcsr();
+  KeepDenormals() { _mm_setcsr(csr & ~0x8040u); }  // FTZ (bit 15) and DAZ (bit 6) off
+  ~KeepDenormals() { _mm_setcsr(csr); }
+};
+
 struct NmsJob {
   const NmsBox* corners;  // (B, N)
   const float* scores;    // (B, C, N)
@@ -1996,11 +2005,7 @@ struct NmsJob {
 // [batch, class, box] at its own slots (Snms compacts them after).
 void nms_part(const void* ctx, int part, int parts) {
   const NmsJob& j = *static_cast<const NmsJob*>(ctx);
-  // XLA runs with denormals flushed to zero; the host op (numpy) and onnxruntime keep them: an
-  // area or intersection below FLT_MIN must not become 0 here (MXCSR is the thread's own)
-  const unsigned csr = _mm_getcsr();
-  _mm_setcsr(csr & ~0x8040u);  // FTZ (bit 15) and DAZ (bit 6) off
-  struct Restore { unsigned csr; ~Restore() { _mm_setcsr(csr); } } restore{csr};
+  KeepDenormals keep;
   const int64_t rows = j.B * j.C;
   const int64_t prefix = std::max<int64_t>(2 * j.limit, 64);
   std::vector<uint64_t> order(j.N);
@@ -2059,8 +2064,7 @@ ffi::Error Snms(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> boxes, ffi::Buffer<f
   int64_t* out = hint->typed_data();
   std::vector<NmsBox> corners(B * N);
   {
-    const unsigned csr = _mm_getcsr();  // as in nms_part: denormal areas stay positive
-    _mm_setcsr(csr & ~0x8040u);
+    KeepDenormals keep;  // denormal areas stay positive
     for (int64_t i = 0; i < B * N; ++i) {
       const float* q = bx + i * 4;
       NmsBox& e = corners[i];
@@ -2075,7 +2079,6 @@ ffi::Error Snms(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> boxes, ffi::Buffer<f
       e.area = area > 0 ? area : NAN;
       e.inert = !(area > 0) || e.y0 != e.y0 || e.x0 != e.x0 || e.y1 != e.y1 || e.x1 != e.x1;
     }
-    _mm_setcsr(csr);
   }
   std::vector<int64_t> counts(B * C);
   NmsJob j{corners.data(), scores.typed_data(), out + 3, counts.data(), B, C, N, limit,

@@ -35,12 +35,11 @@ from onnx import (
     GraphProto,
     ModelProto,
     NodeProto,
-    TensorProto,
     helper,
     numpy_helper,
 )
 
-from oxla.graph import canonical_domain, model_opsets, node_reads, tensor_value
+from oxla.graph import canonical_domain, constant_values, model_opsets, node_reads
 from oxla.passes.qlinear_conv import DOMAIN as REQUANTIZE
 
 DOMAIN = "oxla.channels_last"
@@ -473,25 +472,6 @@ def _shuffles(graph: GraphProto, consts: Callable[[str], np.ndarray | None]
     return found
 
 
-def _constants(graph: GraphProto) -> Callable[[str], np.ndarray | None]:
-    """name -> value for initializers that cannot be fed and Constant nodes' tensors."""
-    fed = {i.name for i in graph.input}
-    tensors: dict[str, TensorProto] = {t.name: t for t in graph.initializer if t.name not in fed}
-    for node in graph.node:
-        if node.op_type == "Constant" and canonical_domain(node.domain) == "" and node.output \
-                and len(node.attribute) == 1 and node.attribute[0].name == "value":
-            tensors[node.output[0]] = node.attribute[0].t
-    cache: dict[str, np.ndarray] = {}
-
-    def value(name: str) -> np.ndarray | None:
-        if name not in cache and name in tensors:
-            t = tensors[name]
-            cache[name] = tensor_value(name, lambda: numpy_helper.to_array(t))
-        return cache.get(name)
-
-    return value
-
-
 SAME_RANK = UNARY | POOLS | QDQ | {"Dropout", "BatchNormalization", "Transpose", "LRN", "Softmax",
                                    "Pad"}
 
@@ -553,7 +533,7 @@ def convs_to_channels_last(model: ModelProto) -> int:
     opset = model_opsets(model.opset_import).get("", 0)
     if not any(n.op_type in CONVS and canonical_domain(n.domain) == "" for n in graph.node):
         return 0
-    consts = _constants(graph)
+    consts = constant_values(graph)
     rw = _Rewrite(graph, opset, consts, _ranks(graph), shuffles=_shuffles(graph, consts))
     for node in graph.node:
         rw.visit(node)

@@ -30,13 +30,13 @@ nothing), the host op's body is the ONNX op, HintRows and TakeRows are Slices.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from onnx import (
     AttributeProto,
     FunctionProto,
-    GraphProto,
     ModelProto,
     NodeProto,
     TensorProto,
@@ -46,7 +46,7 @@ from onnx import (
 )
 
 from oxla.errors import LoweringError
-from oxla.graph import canonical_domain, inferred_types, model_opsets, node_reads
+from oxla.graph import canonical_domain, constant_values, inferred_types, model_opsets, node_reads
 
 DOMAIN = "oxla.nms"
 HINT_SUFFIX = "__oxla_nms_hint"
@@ -104,20 +104,14 @@ def _ranked_body(opset: int) -> FunctionProto:
     limit rows (limit: max_output_boxes_per_class clipped to [0, boxes]); before opset 12 (Min and
     Max of int64), the hint that settles nothing: [[-1]]."""
     if opset < 12:
-        none = helper.make_node("Constant", [], ["hint"],
-                                value=numpy_helper.from_array(np.full((1, 1), -1, np.int64), "hint"))
-        return helper.make_function(DOMAIN, "NonMaxSuppressionRanked", _INPUTS, ["hint"], [none],
-                                    [helper.make_opsetid("", opset)], attributes=["center_point_box"])
-
-    def const(name: str, value: list[int]) -> NodeProto:
-        return helper.make_node("Constant", [], [name],
-                                value=numpy_helper.from_array(np.array(value, np.int64), name))
-
+        return helper.make_function(DOMAIN, "NonMaxSuppressionRanked", _INPUTS, ["hint"],
+                                    [_const("hint", [[-1]])], [helper.make_opsetid("", opset)],
+                                    attributes=["center_point_box"])
     core = helper.make_node("NonMaxSuppression", _INPUTS, ["rows"])
     core.attribute.append(helper.make_attribute_ref("center_point_box", AttributeProto.INT))
     nodes = [
-        core, const("zero", [0]), const("one", [1]), const("two", [2]), const("three", [3]),
-        const("head_shape", [1, 3]),
+        core, _const("zero", [0]), _const("one", [1]), _const("two", [2]), _const("three", [3]),
+        _const("head_shape", [1, 3]),
         helper.make_node("Shape", ["scores"], ["dims"]),
         helper.make_node("Slice", ["dims", "zero", "two"], ["batch_class"]),
         helper.make_node("ReduceProd", ["batch_class"], ["groups"], keepdims=1),
@@ -160,6 +154,7 @@ ROWS_SUFFIX = "__oxla_rows"
 HINT_ROWS = "HintRows"   # oxla.nms::HintRows(hint) -> the hint's rows after its head (compiled)
 TAKE_ROWS = "TakeRows"   # oxla.nms::TakeRows(rows, hint) -> rows[:count] (host)
 _ROW_WISE = frozenset({"Gather", "Squeeze", "Unsqueeze", "Cast", "Identity"})
+Constants = Callable[[str], np.ndarray | None]  # graph.constant_values
 
 
 def trim_nms_rows(model: ModelProto, max_rows: int) -> int:
@@ -184,7 +179,7 @@ def trim_nms_rows(model: ModelProto, max_rows: int) -> int:
         typed = graph
     types = {v.name: v.type for v in [*typed.input, *typed.value_info, *typed.output,
                                       *graph.input, *graph.value_info, *graph.output]}
-    consts = _small_constants(graph)
+    consts = constant_values(graph)
     outputs = {o.name for o in graph.output}
     readers: dict[str, list[NodeProto]] = {}
     for node in graph.node:
@@ -198,7 +193,7 @@ def trim_nms_rows(model: ModelProto, max_rows: int) -> int:
             continue
         hint, boxes, scores, wanted = node.input[:4]
         box_dims, score_dims = _float_dims(types.get(boxes)), _float_dims(types.get(scores))
-        limit = consts.get(wanted)
+        limit = consts(wanted)
         if box_dims is None or score_dims is None or limit is None or limit.size != 1 \
                 or len(score_dims) != 3:
             continue
@@ -211,7 +206,7 @@ def trim_nms_rows(model: ModelProto, max_rows: int) -> int:
             continue
         for name in padded:
             renamed[name] = f"{name}{ROWS_SUFFIX}"
-        node.domain, node.op_type = DOMAIN, HINT_ROWS
+        node.op_type = HINT_ROWS
         del node.input[:]
         node.input.append(hint)
         del node.attribute[:]
@@ -252,38 +247,27 @@ def _float_dims(value: TypeProto | None) -> tuple[int, ...] | None:
     return tuple(d.dim_value for d in dims) if all(d.HasField("dim_value") for d in dims) else None
 
 
-def _small_constants(graph: GraphProto) -> dict[str, np.ndarray]:
-    fed = {i.name for i in graph.input}
-    found = {t.name: numpy_helper.to_array(t) for t in graph.initializer
-             if t.name not in fed and np.prod(t.dims) <= 64}
-    for n in graph.node:
-        if n.op_type == "Constant" and canonical_domain(n.domain) == "" and n.output:
-            for a in n.attribute:
-                if a.name == "value" and np.prod(a.t.dims) <= 64:
-                    found[n.output[0]] = numpy_helper.to_array(a.t)
-    return found
-
-
-def _rank(name: str, types: dict[str, TypeProto], consts: dict[str, np.ndarray]) -> int | None:
-    if name in consts:
-        return consts[name].ndim
-    value = types.get(name)
-    if value is None or not value.tensor_type.HasField("shape"):
+def _rank(name: str, types: dict[str, TypeProto], consts: Constants) -> int | None:
+    value = consts(name)
+    if value is not None:
+        return value.ndim
+    typed = types.get(name)
+    if typed is None or not typed.tensor_type.HasField("shape"):
         return None
-    return len(value.tensor_type.shape.dim)
+    return len(typed.tensor_type.shape.dim)
 
 
-def _axes(node: NodeProto, consts: dict[str, np.ndarray], opset: int) -> list[int] | None:
+def _axes(node: NodeProto, consts: Constants, opset: int) -> list[int] | None:
     if opset >= 13:
-        return [int(a) for a in consts[node.input[1]].reshape(-1)] \
-            if len(node.input) > 1 and node.input[1] in consts else None
+        given = consts(node.input[1]) if len(node.input) > 1 else None
+        return None if given is None else [int(a) for a in given.reshape(-1)]
     for a in node.attribute:
         if a.name == "axes":
             return list(a.ints)
     return None
 
 
-def _row_wise(selected: str, readers: dict[str, list[NodeProto]], consts: dict[str, np.ndarray],
+def _row_wise(selected: str, readers: dict[str, list[NodeProto]], consts: Constants,
               types: dict[str, TypeProto], opset: int) -> list[str] | None:
     """The values that hold one row per selected row (the selection's first), each read only by
     nodes that keep that; None when some node reads one otherwise."""
@@ -305,7 +289,7 @@ def _row_wise(selected: str, readers: dict[str, list[NodeProto]], consts: dict[s
     return list(ranks)
 
 
-def _rows_after(node: NodeProto, ranks: dict[str, int], consts: dict[str, np.ndarray],
+def _rows_after(node: NodeProto, ranks: dict[str, int], consts: Constants,
                 types: dict[str, TypeProto], opset: int) -> int | None:
     """The rank of `node`'s output if it keeps the rows of its padded input (its rank known),
     else None."""
@@ -339,12 +323,15 @@ def _rows_after(node: NodeProto, ranks: dict[str, int], consts: dict[str, np.nda
     return None
 
 
+def _const(name: str, value: Any) -> NodeProto:
+    """A Constant node of an int64 tensor."""
+    return helper.make_node("Constant", [], [name],
+                            value=numpy_helper.from_array(np.array(value, np.int64), name))
+
+
 def _hint_rows_body(opset: int) -> FunctionProto:
     """hint[1:]."""
-    nodes = [helper.make_node("Constant", [], ["one"], value=numpy_helper.from_array(np.array([1], np.int64), "one")),
-             helper.make_node("Constant", [], ["end"],
-                              value=numpy_helper.from_array(np.array([np.iinfo(np.int64).max], np.int64), "end")),
-             helper.make_node("Constant", [], ["zero"], value=numpy_helper.from_array(np.array([0], np.int64), "zero")),
+    nodes = [_const("one", [1]), _const("end", [np.iinfo(np.int64).max]), _const("zero", [0]),
              helper.make_node("Slice", ["hint", "one", "end", "zero"], ["rows"])]
     return helper.make_function(DOMAIN, HINT_ROWS, ["hint"], ["rows"], nodes,
                                 [helper.make_opsetid("", opset)])
@@ -352,12 +339,8 @@ def _hint_rows_body(opset: int) -> FunctionProto:
 
 def _take_rows_body(opset: int) -> FunctionProto:
     """rows[:hint[0, 1]]."""
-    def const(name: str, value: list[int]) -> NodeProto:
-        return helper.make_node("Constant", [], [name],
-                                value=numpy_helper.from_array(np.array(value, np.int64), name))
-
-    nodes = [const("zero", [0]), const("one", [1]), const("at", [0, 1]), const("next", [1, 2]),
-             const("both", [0, 1]),
+    nodes = [_const("zero", [0]), _const("one", [1]), _const("at", [0, 1]), _const("next", [1, 2]),
+             _const("both", [0, 1]),
              helper.make_node("Slice", ["hint", "at", "next", "both"], ["cell"]),
              helper.make_node("Reshape", ["cell", "one"], ["count"]),
              helper.make_node("Slice", ["rows", "zero", "count", "zero"], ["taken"])]
