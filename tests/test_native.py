@@ -99,6 +99,23 @@ def test_epilogues(act: str, residual: bool) -> None:
 
 
 @needs_kernel
+@pytest.mark.parametrize("act", ["", "Relu", "Clip", "Silu", "HardSwish"])
+def test_epilogues_keep_nan(act: str) -> None:
+    """A NaN in X stays NaN through every activation, as in onnxruntime and XLA (min and max take
+    the value as their second operand: vmaxps returns it when either is NaN)."""
+    x = RNG.standard_normal((3, 40, 16)).astype(np.float32)
+    x[0, 5, 3] = x[2, 17, :] = np.nan
+    w = RNG.standard_normal((16, 40)).astype(np.float32)
+    b = RNG.standard_normal(40).astype(np.float32)
+    for threads in (1, 2):
+        got = _call(x, w, b, None, act, threads, cpu_client.inline_device(), lo=-0.5, hi=1.5)
+        want = _reference(x, w, b, None, act, lo=-0.5, hi=1.5)
+        assert np.isnan(want).any()
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)  # NaN where want has NaN
+
+
+@needs_kernel
 def test_one_thread_client_runs_alone() -> None:
     """Asked for two threads on a client whose pool has one, the kernel still answers."""
     device = cpu_client.single_thread_device() or cpu_client.inline_device()

@@ -189,14 +189,16 @@ inline void store_tile(V (&c0)[R], V (&c1)[R], float* C, int64_t ldc, const floa
   }
 }
 
+// v is the second operand of each min and max: vminps / vmaxps return the second operand when
+// either is NaN, so a NaN stays NaN as in ONNX (onnxruntime, XLA); v_max(v, 0) turned it into 0.
 template <int64_t ACT>
 inline V activate(V v, float lo, float hi) {
-  if (ACT == RELU) return v_max(v, v_zero());
-  if (ACT == CLIP) return v_min(v_max(v, v_set(lo)), v_set(hi));
+  if (ACT == RELU) return v_max(v_zero(), v);
+  if (ACT == CLIP) return v_min(v_set(hi), v_max(v_set(lo), v));
   if (ACT == SILU) return silu(v);
   if (ACT == HARD_SWISH) {
     V g = v_fma(v, v_set(1.0f / 6.0f), v_set(0.5f));
-    g = v_min(v_max(g, v_zero()), v_set(1.0f));
+    g = v_min(v_set(1.0f), v_max(v_zero(), g));
     return v_mul(v, g);
   }
   return v;
