@@ -76,6 +76,8 @@ def _call(x, hwio, b, act, threads, strides, pads, dilations, out_pads=(0, 0, 0,
     (1, 2, 6, 6, 8, 7, 7, (1, 1), (3, 3, 3, 3), (1, 1), (0, 0, 0, 0)),     # kernel wider than X
     (1, 3, 3, 3, 5, 3, 3, (1, 1), (0, 0, 0, 0), (1, 1), (2, 0, 0, 2)),     # one output pixel
     (1, 3, 40, 37, 64, 3, 3, (2, 1), (1, 1, 1, 1), (1, 1), (0, 0, 0, 0)),  # many tiles and rows
+    (1, 3, 20, 31, 64, 7, 7, (2, 2), (3, 3, 3, 3), (1, 1), (1, 1, 1, 1)),  # ResNet's stem
+    (1, 2, 11, 23, 20, 3, 5, (1, 3), (1, 2, 0, 1), (1, 2), (0, 0, 0, 0)),  # taps over 3 phases
 ])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_kernel_matches_float64(case: tuple, threads: int) -> None:
