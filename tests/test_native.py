@@ -71,6 +71,8 @@ def _call(x, w, b, r, act, threads, device, lo=0.0, hi=0.0):
     (1, 1, 1), (5, 3, 7), (13, 8, 16), (12, 33, 17), (25, 64, 31), (49, 96, 32), (50, 40, 33),
     (3, 2, 100), (100, 24, 144),
     (7, 600, 500),      # W over 1 MB: each thread packs its rows of X first
+    (30, 50, 64),       # one pair of whole panels (AVX-512: tiles of 6 rows x 64 columns)
+    (23, 700, 128),     # packed rows, pairs of whole panels
     (2, 0, 8),          # K = 0: the bias alone
 ])
 @pytest.mark.parametrize("threads", [1, 2])
@@ -87,11 +89,12 @@ def test_kernel_matches_float64(shape: tuple[int, int, int], threads: int) -> No
 @needs_kernel
 @pytest.mark.parametrize("act", ["", "Relu", "Clip", "Silu", "HardSwish"])
 @pytest.mark.parametrize("residual", [False, True])
-def test_epilogues(act: str, residual: bool) -> None:
-    x = RNG.standard_normal((2, 9, 7, 48)).astype(np.float32)   # rows over several tiles
-    w = (RNG.standard_normal((48, 40)) / 5).astype(np.float32)  # a masked second panel
-    b = RNG.standard_normal(40).astype(np.float32)
-    r = RNG.standard_normal((2, 9, 7, 40)).astype(np.float32) if residual else None
+@pytest.mark.parametrize("n", [40, 72])  # a masked second panel; a pair of whole panels, then one
+def test_epilogues(act: str, residual: bool, n: int) -> None:
+    x = RNG.standard_normal((2, 9, 7, 48)).astype(np.float32)  # rows over several tiles
+    w = (RNG.standard_normal((48, n)) / 5).astype(np.float32)
+    b = RNG.standard_normal(n).astype(np.float32)
+    r = RNG.standard_normal((2, 9, 7, n)).astype(np.float32) if residual else None
     for threads in (1, 2):
         got = _call(x, w, b, r, act, threads, cpu_client.inline_device(), lo=-0.5, hi=1.5)
         want = _reference(x, w, b, r, act, lo=-0.5, hi=1.5)
@@ -406,11 +409,12 @@ def test_conv_kernel_matches_float64(case: tuple, threads: int) -> None:
 @needs_kernel
 @pytest.mark.parametrize("act", ["", "Relu", "Clip", "Silu", "HardSwish"])
 @pytest.mark.parametrize("channels", [12, 290])  # 290: K 2610, the epilogue after the last K block
-def test_conv_epilogues(act: str, channels: int) -> None:
+@pytest.mark.parametrize("m", [20, 80])  # 80: a pair of whole panels, then a masked one
+def test_conv_epilogues(act: str, channels: int, m: int) -> None:
     x = RNG.standard_normal((1, 10, 9, channels)).astype(np.float32)
-    hwio = (RNG.standard_normal((3, 3, channels, 20)) / (3 * channels ** 0.5)).astype(np.float32)
-    b = RNG.standard_normal(20).astype(np.float32)
-    r = RNG.standard_normal((1, 5, 5, 20)).astype(np.float32)
+    hwio = (RNG.standard_normal((3, 3, channels, m)) / (3 * channels ** 0.5)).astype(np.float32)
+    b = RNG.standard_normal(m).astype(np.float32)
+    r = RNG.standard_normal((1, 5, 5, m)).astype(np.float32)
     for threads in (1, 2):
         got = _conv_call(x, hwio, b, r, act, threads, (2, 2), (1, 1, 1, 1), (1, 1))
         want = _conv_reference(x, hwio, b, r, act, (2, 2), (1, 1, 1, 1), (1, 1))
