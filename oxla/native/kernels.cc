@@ -675,6 +675,10 @@ void parallel(PartFn fn, const void* ctx, int threads, double flops, ffi::Thread
     Team* t = team();
     std::unique_lock<std::mutex> lock(t->busy, std::try_to_lock);
     if (lock.owns_lock()) {
+      // close the last generation before its fields change: a thread that read its ticket before
+      // (a helper, or a pool task that started late) would otherwise claim a part past its end
+      // against the new part count, and its CAS on the unchanged ticket would succeed
+      t->ticket.store((t->gen << 32) | 0xFFFFFFFFu, std::memory_order_seq_cst);
       uint64_t g = (t->gen + 1) & 0xFFFFFFFFu;
       t->gen = g;
       t->fn = fn;
