@@ -1,6 +1,6 @@
 """Where one model's time goes in oxla: XLA's own per-kernel times, traced to the rule that emitted them.
 
-    python -m benchmarks.xla_profile MODEL [--threads default|1] [--calls 20] [--top 15]
+    python -m benchmarks.xla_profile MODEL [--threads default|1] [--calls 20] [--top 15] [--ort]
 
 MODEL is a suite name (exported or shipped, with its `.npz` feeds) or a path to
 an .onnx file (feeds then random, from the declared input types). The model runs through
@@ -12,7 +12,11 @@ time per call, kernel time per call by kind and by emitting rule line, the top k
 time in the host step functions (Python: e.g. NonMaxSuppression) when the model has a graph break.
 With `1`, the process pins itself to one core and XLA's Eigen pool to one thread first, as the
 suite's one-thread column does. Kernel times on several threads can overlap: their sum can exceed
-the wall time.
+the wall time. With `--ort`, onnxruntime runs the model in the same process, its calls alternating
+with oxla's while traced (at one thread with `1`), with its own node profile: printed next to
+oxla's, its wall time per call and its nodes' times (the median of each node over the calls) by
+op type and the top nodes, to read a model's gap layer by layer (onnxruntime's profiling adds
+to its wall time, a few microseconds a node: compare the kernel sums).
 """
 
 from __future__ import annotations
@@ -124,7 +128,54 @@ def _feeds(name: str) -> tuple[str, dict[str, np.ndarray]]:
     return name, feeds
 
 
-def profile(name: str, calls: int, top: int, dump: str) -> None:
+def ort_nodes(events: list[dict]) -> list[tuple[str, str, str, float]]:
+    """onnxruntime's profile events (its JSON) as (node, op type, output shapes, median
+    microseconds of the node's kernel over the runs), slowest first."""
+    times: dict[str, list[float]] = collections.defaultdict(list)
+    info: dict[str, tuple[str, str]] = {}
+    for e in events:
+        if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time"):
+            node = e["name"][:-len("_kernel_time")]
+            times[node].append(float(e["dur"]))
+            args = e.get("args", {})
+            shapes = [next(iter(o.values())) for o in args.get("output_type_shape", []) if o]
+            info[node] = (str(args.get("op_name", "?")), " ".join(str(tuple(v)) for v in shapes))
+    rows = [(n, *info[n], statistics.median(v)) for n, v in times.items()]
+    return sorted(rows, key=lambda r: -r[3])
+
+
+def _ort_session(path: str, one_thread: bool, prefix: str) -> object:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.enable_profiling = True
+    options.profile_file_prefix = prefix
+    if one_thread:
+        options.intra_op_num_threads = 1
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
+def _print_ort(sess: object, walls: list[float], top: int) -> None:
+    import json
+
+    with open(sess.end_profiling()) as f:  # type: ignore[attr-defined]
+        rows = ort_nodes(json.load(f))
+    total = sum(r[3] for r in rows)
+    print(f"\nonnxruntime, its calls alternating with oxla's: wall {statistics.median(walls) * 1e3:.3f} "
+          f"ms/call (median); nodes {total / 1e3:.3f} ms/call (each node's median, summed); "
+          f"{len(rows)} nodes")
+    by_op: dict[str, float] = collections.Counter()
+    for _, op, _, us in rows:
+        by_op[op] += us
+    print("\nonnxruntime by op type:")
+    for op, us in sorted(by_op.items(), key=lambda x: -x[1])[:top]:
+        print(f"  {us / 1e3:8.3f} ms  {100 * us / max(total, 1e-9):5.1f}%  {op}")
+    print("\nonnxruntime's top nodes:")
+    for node, op, shapes, us in rows[:top]:
+        print(f"  {us / 1e3:8.3f} ms  {node}  {op}  {shapes}")
+
+
+def profile(name: str, calls: int, top: int, dump: str, ort: bool = False, one_thread: bool = False) -> None:
     import jax
 
     import oxla
@@ -144,9 +195,20 @@ def profile(name: str, calls: int, top: int, dump: str) -> None:
         sess.run(None, feeds)
         walls.append(time.perf_counter() - start)
     trace = tempfile.mkdtemp(prefix="oxla-profile-")
+    ref = _ort_session(path, one_thread, os.path.join(trace, "ort")) if ort else None
+    ref_walls = []
+    for _ in range(3 if ref is not None else 0):
+        ref.run(None, feeds)  # type: ignore[attr-defined]
+    traced = []
     jax.profiler.start_trace(trace)
     for _ in range(calls):
+        start = time.perf_counter()
         sess.run(None, feeds)
+        traced.append(time.perf_counter() - start)
+        if ref is not None:
+            start = time.perf_counter()
+            ref.run(None, feeds)  # type: ignore[attr-defined]
+            ref_walls.append(time.perf_counter() - start)
     jax.profiler.stop_trace()
     instrs: dict[str, Instr] = {}
     for f in glob.glob(os.path.join(dump, "*after_optimizations.txt")):
@@ -166,8 +228,9 @@ def profile(name: str, calls: int, top: int, dump: str) -> None:
                 if op:
                     kernel[str(op)] += ev.duration_ns
     total = sum(kernel.values())
-    print(f"{name}: wall {statistics.median(walls) * 1e3:.3f} ms/call (median); XLA kernels "
-          f"{total / calls / 1e6:.3f} ms/call summed over threads; {len(kernel)} kernels")
+    print(f"{name}: wall {statistics.median(walls) * 1e3:.3f} ms/call (median)"
+          + (f", {statistics.median(traced) * 1e3:.3f} while traced beside onnxruntime" if ort else "")
+          + f"; XLA kernels {total / calls / 1e6:.3f} ms/call summed over threads; {len(kernel)} kernels")
     for title, key in (("by kind", lambda k: instrs.get(k, Instr("?", "?", "")).opcode),
                        ("by emitting line", lambda k: instrs.get(k, Instr("?", "?", "")).where)):
         groups: dict[str, float] = collections.Counter()
@@ -184,6 +247,8 @@ def profile(name: str, calls: int, top: int, dump: str) -> None:
         print("\nhost-step Python (inclusive):")
         for k, ns in sorted(host.items(), key=lambda x: -x[1])[:top]:
             print(f"  {ns / calls / 1e6:8.3f} ms  {k}")
+    if ref is not None:
+        _print_ort(ref, ref_walls, top)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", default="default", choices=("default", "1"))
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--ort", action="store_true",
+                        help="onnxruntime beside it, calls alternating, with its node profile")
     args = parser.parse_args(argv)
     if "jax" in sys.modules:
         raise SystemExit("benchmarks.xla_profile must set XLA_FLAGS before JAX is imported")
@@ -201,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         flags.append("--xla_cpu_multi_thread_eigen=false")
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     os.environ["XLA_FLAGS"] = " ".join(f for f in flags if f)
-    profile(args.model, args.calls, args.top, dump)
+    profile(args.model, args.calls, args.top, dump, args.ort, args.threads == "1")
     return 0
 
 

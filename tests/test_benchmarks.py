@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -61,6 +64,29 @@ def test_fusion_kind_names_shifted_multiply_adds_and_transposes() -> None:
     assert xla_profile._fusion_kind(taps) == "fusion(taps (shifted multiply-adds) + transpose)"
     assert xla_profile._fusion_kind(Counter({"dot": 1, "add": 1})) == "fusion(dot)"
     assert xla_profile._fusion_kind(Counter({"add": 2})) == "fusion(elementwise)"
+
+
+def test_ort_nodes_are_medians_per_node_slowest_first() -> None:
+    events = [{"cat": "Session", "name": "model_run", "dur": 900}]
+    for dur in (10, 30, 20):
+        events.append({"cat": "Node", "name": "conv_kernel_time", "dur": dur,
+                       "args": {"op_name": "Conv", "output_type_shape": [{"float": [1, 8, 4, 4]}]}})
+        events.append({"cat": "Node", "name": "conv_fence_before", "dur": 1, "args": {}})
+    events.append({"cat": "Node", "name": "relu_kernel_time", "dur": 5, "args": {"op_name": "Relu"}})
+    assert xla_profile.ort_nodes(events) == [("conv", "Conv", "(1, 8, 4, 4)", 20.0),
+                                             ("relu", "Relu", "", 5.0)]
+
+
+def test_profile_beside_onnxruntime_prints_both() -> None:
+    """`--ort` on the shipped VAD model: oxla's kernels and onnxruntime's nodes in one run."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks.xla_profile", "vad", "--calls", "3",
+                           "--top", "3", "--ort"], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parent.parent, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    assert "top kernels:" in out and "onnxruntime by op type:" in out, out
+    assert re.search(r"onnxruntime, its calls alternating with oxla's: wall [0-9.]+ ms/call", out), out
+    assert "LSTM" in out, out
 
 
 def test_suite_runs_the_shipped_model_end_to_end(tmp_path: Path) -> None:
