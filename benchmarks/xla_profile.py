@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import collections
 import glob
+import json
 import os
 import re
 import statistics
@@ -32,6 +33,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -144,7 +146,7 @@ def ort_nodes(events: list[dict]) -> list[tuple[str, str, str, float]]:
     return sorted(rows, key=lambda r: -r[3])
 
 
-def _ort_session(path: str, one_thread: bool, prefix: str) -> object:
+def _ort_session(path: str, one_thread: bool, prefix: str) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -155,10 +157,8 @@ def _ort_session(path: str, one_thread: bool, prefix: str) -> object:
     return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
-def _print_ort(sess: object, walls: list[float], top: int) -> None:
-    import json
-
-    with open(sess.end_profiling()) as f:  # type: ignore[attr-defined]
+def _print_ort(sess: Any, walls: list[float], top: int) -> None:
+    with open(sess.end_profiling()) as f:
         rows = ort_nodes(json.load(f))
     total = sum(r[3] for r in rows)
     print(f"\nonnxruntime, its calls alternating with oxla's: wall {statistics.median(walls) * 1e3:.3f} "
@@ -198,7 +198,7 @@ def profile(name: str, calls: int, top: int, dump: str, ort: bool = False, one_t
     ref = _ort_session(path, one_thread, os.path.join(trace, "ort")) if ort else None
     ref_walls = []
     for _ in range(3 if ref is not None else 0):
-        ref.run(None, feeds)  # type: ignore[attr-defined]
+        ref.run(None, feeds)
     traced = []
     jax.profiler.start_trace(trace)
     for _ in range(calls):
@@ -207,7 +207,7 @@ def profile(name: str, calls: int, top: int, dump: str, ort: bool = False, one_t
         traced.append(time.perf_counter() - start)
         if ref is not None:
             start = time.perf_counter()
-            ref.run(None, feeds)  # type: ignore[attr-defined]
+            ref.run(None, feeds)
             ref_walls.append(time.perf_counter() - start)
     jax.profiler.stop_trace()
     instrs: dict[str, Instr] = {}

@@ -275,11 +275,9 @@ class Executor:
             outs = _checked(seg, outs)
         if seg.fast is None:
             return outs
-        if seg.trims:
-            return [outs[x] if kind == "out" else values[x] if kind == "in"
-                    else self._taken(outs[x[0]], outs[x[1]], host) if kind == "trim" else x
-                    for kind, x in seg.fast]
-        return [outs[x] if kind == "out" else values[x] if kind == "in" else x for kind, x in seg.fast]
+        return [outs[x] if kind == "out" else values[x] if kind == "in"
+                else self._taken(outs[x[0]], outs[x[1]], host) if kind == "trim" else x
+                for kind, x in seg.fast]
 
     def _taken(self, rows: Any, hint: Any, host: bool) -> Any:
         taken = take_rows(rows, hint)

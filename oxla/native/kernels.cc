@@ -306,46 +306,35 @@ inline void tile_packed(int64_t K, const float* __restrict Ap, const float* __re
 // AVX-512: R <= 6 rows x 4L columns (two whole panels, Bp and Bp2 at the same term), 24
 // accumulators: a term's 24 multiply-adds load 4 vectors of W and broadcast R inputs, where the
 // 12 x 2L tile loads 2 and broadcasts 12.
-template <int R, bool ACC, bool PACKED>  // PACKED: A's term k of row i at A[k lda + i], else A[i lda + k]
+// PACKED: A's term k of row i at A[k lda + i], else at A[i lda + k].
+template <int R, bool ACC, bool PACKED>
 inline void tile_direct4(int64_t K, const float* __restrict A, int64_t lda,
                          const float* __restrict Bp, const float* __restrict Bp2, float* C,
                          int64_t ldc, const float* bias, const Epilogue* e) {
-  V c[R][4];
-#pragma GCC unroll 8
-  for (int i = 0; i < R; ++i)
-    for (int v = 0; v < 4; ++v) c[i][v] = ACC ? v_load(C + i * ldc + v * L) : v_zero();
+  const Mask all = lanes(L);
+  V c0[R], c1[R], c2[R], c3[R];  // columns [0, 2L) and [2L, 4L): the 12 x 2L tile's start and store
+  tile_start<R, 2, false, ACC>(c0, c1, C, ldc, all, all);
+  tile_start<R, 2, false, ACC>(c2, c3, C + 2 * L, ldc, all, all);
   for (int64_t k = 0; k < K; ++k) {
     V b0 = v_load(Bp), b1 = v_load(Bp + L), b2 = v_load(Bp2), b3 = v_load(Bp2 + L);
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
       V a = v_set(PACKED ? A[k * lda + i] : A[i * lda + k]);
-      c[i][0] = v_fma(a, b0, c[i][0]);
-      c[i][1] = v_fma(a, b1, c[i][1]);
-      c[i][2] = v_fma(a, b2, c[i][2]);
-      c[i][3] = v_fma(a, b3, c[i][3]);
+      c0[i] = v_fma(a, b0, c0[i]);
+      c1[i] = v_fma(a, b1, c1[i]);
+      c2[i] = v_fma(a, b2, c2[i]);
+      c3[i] = v_fma(a, b3, c3[i]);
     }
     Bp += NR;
     Bp2 += NR;
   }
-#pragma GCC unroll 8
-  for (int i = 0; i < R; ++i) {
-    V* ci = c[i];
-    for (int v = 0; v < 4; ++v) ci[v] = v_add(ci[v], v_load(bias + v * L));
-    if (e != nullptr) {
-      if (e->residual != nullptr)
-        for (int v = 0; v < 4; ++v) ci[v] = v_add(ci[v], v_load(e->residual + i * e->ldr + v * L));
-      for (int v = 0; v < 4; ++v) {
-        switch (e->act) {
-          case RELU: ci[v] = activate<RELU>(ci[v], e->lo, e->hi); break;
-          case CLIP: ci[v] = activate<CLIP>(ci[v], e->lo, e->hi); break;
-          case SILU: ci[v] = activate<SILU>(ci[v], e->lo, e->hi); break;
-          case HARD_SWISH: ci[v] = activate<HARD_SWISH>(ci[v], e->lo, e->hi); break;
-          default: break;
-        }
-      }
-    }
-    for (int v = 0; v < 4; ++v) v_store(C + i * ldc + v * L, ci[v]);
+  store_tile<R, 2, false>(c0, c1, C, ldc, bias, all, all, e);
+  Epilogue e2;  // the right half's: its residual 2L columns on
+  if (e != nullptr) {
+    e2 = *e;
+    if (e2.residual != nullptr) e2.residual += 2 * L;
   }
+  store_tile<R, 2, false>(c2, c3, C + 2 * L, ldc, bias + 2 * L, all, all, e ? &e2 : nullptr);
 }
 
 template <bool ACC, bool PACKED>
@@ -360,7 +349,8 @@ void direct4_rows(int r, int64_t K, const float* A, int64_t lda, const float* Bp
 }
 
 struct Panel {
-  int64_t n0, nc;
+  int64_t n0, nc;  // nc: at most NR, or 2 NR for two whole panels side by side (span_of)
+  int64_t panels() const { return nc > NR ? 2 : 1; }
 };
 
 // Columns [32 p, 32 p + 32) of N.
@@ -369,6 +359,13 @@ Panel panel_of(int64_t N, int64_t p) {
   q.n0 = p * NR;
   q.nc = N - q.n0 < NR ? N - q.n0 : NR;
   return q;
+}
+
+// Panel p of [p, p1), or on AVX-512 panels p and p + 1 together where both are whole (tile_rows
+// takes them in tiles of 6 rows x 64 columns; on AVX2's 16 registers the 6 x 2L tile stays).
+Panel span_of(int64_t N, int64_t p, int64_t p1) {
+  if (L == 16 && p + 1 < p1 && (p + 2) * NR <= N) return Panel{p * NR, 2 * NR};
+  return panel_of(N, p);
 }
 
 struct Job {
@@ -382,7 +379,7 @@ struct Job {
   int64_t act;
   float lo, hi;
   bool direct;
-  Panel panel(int64_t p) const { return panel_of(N, p); }
+  Panel panel(int64_t p, int64_t p1) const { return span_of(N, p, p1); }
   int64_t row(int64_t b) const { return M * b / blocks; }
 };
 
@@ -435,14 +432,39 @@ inline KBlock k_block(int64_t K, int64_t blocks, int64_t i) {
 alignas(64) const float ZEROS[TC] = {};
 alignas(64) const float ZEROS64[4 * L] = {};
 
-// Rows [r0, r0 + r) of C times panel q over the terms of K block kb, A read in place (ap ==
-// nullptr: a rows of lda) or packed (ap: (K, r); the GEMM's, whole K only): the first block
-// stores the product + bias, later ones add theirs, the last finishes with residual and
-// activation. The panel's columns go in tiles of TC (one on AVX-512, two on AVX2), each under
-// its own lane masks.
+// Rows [r0, r0 + r) of C times the two whole panels from column n0 (AVX-512) over the terms of
+// K block kb, A read in place (ap == nullptr: rows of lda) or packed (ap: (K, r); whole K only),
+// in tiles of at most 6 rows x 4L columns.
+void tile_rows4(int r, int64_t K, const KBlock& kb, const float* a, int64_t lda,
+                const float* ap, const float* Bp, int64_t n0, const float* bias, float* c,
+                int64_t ldc, const float* residual, int64_t act, float lo, float hi) {
+  const float* bp = Bp + n0 * K + kb.k0 * NR;
+  const float* bp2 = bp + K * NR;
+  const float* bs = kb.first && bias != nullptr ? bias + n0 : ZEROS64;
+  int h = r <= 6 ? r : (r + 1) / 2;  // rows in halves as even as possible: 11 as 6 + 5
+  for (int i0 = 0; i0 < r; i0 += h, h = r - i0) {
+    Epilogue es{residual ? residual + i0 * ldc + n0 : nullptr, ldc, act, lo, hi};
+    const Epilogue* e = kb.last ? &es : nullptr;
+    float* ci = c + i0 * ldc + n0;
+    const float* ai = a + i0 * lda + kb.k0;
+    if (ap != nullptr) direct4_rows<false, true>(h, K, ap + i0, r, bp, bp2, ci, ldc, bs, e);
+    else if (kb.first) direct4_rows<false, false>(h, kb.kn, ai, lda, bp, bp2, ci, ldc, bs, e);
+    else direct4_rows<true, false>(h, kb.kn, ai, lda, bp, bp2, ci, ldc, bs, e);
+  }
+}
+
+// Rows [r0, r0 + r) of C times panel q (two whole ones: tile_rows4) over the terms of K block kb,
+// A read in place (ap == nullptr: a rows of lda) or packed (ap: (K, r); the GEMM's, whole K
+// only): the first block stores the product + bias, later ones add theirs, the last finishes
+// with residual and activation. The panel's columns go in tiles of TC (one on AVX-512, two on
+// AVX2), each under its own lane masks.
 void tile_rows(int r, int64_t K, const KBlock& kb, const float* a, int64_t lda, const float* ap,
                const float* Bp, const Panel& q, const float* bias, float* c, int64_t ldc,
                const float* residual, int64_t act, float lo, float hi) {
+  if (q.panels() == 2) {
+    tile_rows4(r, K, kb, a, lda, ap, Bp, q.n0, bias, c, ldc, residual, act, lo, hi);
+    return;
+  }
   int64_t kn = kb.kn;
   a += kb.k0;
   for (int64_t s = 0; s < q.nc; s += TC) {
@@ -467,44 +489,10 @@ void tile_rows(int r, int64_t K, const KBlock& kb, const float* a, int64_t lda, 
   }
 }
 
-// Rows [r0, r0 + r) of C times the two whole panels from column n0 (AVX-512) over the terms of
-// K block kb, A read in place (ap == nullptr: rows of lda) or packed (ap: (K, r); whole K only),
-// in tiles of at most 6 rows x 4L columns.
-void tile_rows4(int r, int64_t K, const KBlock& kb, const float* a, int64_t lda,
-                const float* ap, const float* Bp, int64_t n0, const float* bias, float* c,
-                int64_t ldc, const float* residual, int64_t act, float lo, float hi) {
-  const float* bp = Bp + n0 * K + kb.k0 * NR;
-  const float* bp2 = bp + K * NR;
-  const float* bs = kb.first && bias != nullptr ? bias + n0 : ZEROS64;
-  int h = r <= 6 ? r : (r + 1) / 2;  // rows in halves as even as possible: 11 as 6 + 5
-  for (int i0 = 0; i0 < r; i0 += h, h = r - i0) {
-    Epilogue es{residual ? residual + i0 * ldc + n0 : nullptr, ldc, act, lo, hi};
-    const Epilogue* e = kb.last ? &es : nullptr;
-    float* ci = c + i0 * ldc + n0;
-    if (ap != nullptr) direct4_rows<false, true>(h, K, ap + i0, r, bp, bp2, ci, ldc, bs, e);
-    else if (kb.first) direct4_rows<false, false>(h, kb.kn, a + i0 * lda + kb.k0, lda, bp, bp2, ci, ldc, bs, e);
-    else direct4_rows<true, false>(h, kb.kn, a + i0 * lda + kb.k0, lda, bp, bp2, ci, ldc, bs, e);
-  }
-}
-
-// Whether panels p and p + 1 of N columns, both whole, go to tile_rows4 (AVX-512 only: on AVX2's
-// 16 registers the 6 x 2L tile stays).
-inline bool pair_of_panels(int64_t p, int64_t p1, int64_t N) {
-  return L == 16 && p + 1 < p1 && (p + 2) * NR <= N;
-}
-
 void tile(const Job& j, int64_t b, const Panel& q, const KBlock& kb, const float* ap) {
   int64_t r0 = j.row(b);
   tile_rows((int)(j.row(b + 1) - r0), j.K, kb, j.A + r0 * j.K, j.K, ap, j.Bp, q, j.bias,
             j.C + r0 * j.N, j.N, j.residual ? j.residual + r0 * j.N : nullptr, j.act, j.lo, j.hi);
-}
-
-// Row block b times panels p and p + 1 (pair_of_panels), A in place or packed (ap).
-void tile4(const Job& j, int64_t b, int64_t p, const float* ap) {
-  int64_t r0 = j.row(b);
-  tile_rows4((int)(j.row(b + 1) - r0), j.K, KBlock{0, j.K, true, true}, j.A + r0 * j.K, j.K, ap,
-             j.Bp, p * NR, j.bias, j.C + r0 * j.N, j.N,
-             j.residual ? j.residual + r0 * j.N : nullptr, j.act, j.lo, j.hi);
 }
 
 // Row blocks [b0, b1) times column panels [p0, p1). (K blocks as the convolution's were slower
@@ -513,9 +501,10 @@ void run_range(const Job& j, int64_t b0, int64_t b1, int64_t p0, int64_t p1) {
   KBlock whole{0, j.K, true, true};
   if (j.direct) {
     for (int64_t b = b0; b < b1; ++b)
-      for (int64_t p = p0; p < p1; ++p) {
-        if (pair_of_panels(p, p1, j.N)) tile4(j, b, p++, nullptr);
-        else tile(j, b, j.panel(p), whole, nullptr);
+      for (int64_t p = p0, step; p < p1; p += step) {
+        Panel q = j.panel(p, p1);
+        step = q.panels();
+        tile(j, b, q, whole, nullptr);
       }
     return;
   }
@@ -529,15 +518,10 @@ void run_range(const Job& j, int64_t b0, int64_t b1, int64_t p0, int64_t p1) {
     for (int64_t k = 0; k < j.K; ++k)
       for (int i = 0; i < r; ++i) dst[k * r + i] = a[i * j.K + k];
   }
-  for (int64_t p = p0; p < p1; ++p) {
-    bool pair = pair_of_panels(p, p1, j.N);
-    Panel q = j.panel(p);
-    for (int64_t b = b0; b < b1; ++b) {
-      const float* ap = buf.data() + (b - b0) * MR * j.K;
-      if (pair) tile4(j, b, p, ap);
-      else tile(j, b, q, whole, ap);
-    }
-    if (pair) ++p;
+  for (int64_t p = p0, step; p < p1; p += step) {
+    Panel q = j.panel(p, p1);
+    step = q.panels();
+    for (int64_t b = b0; b < b1; ++b) tile(j, b, q, whole, buf.data() + (b - b0) * MR * j.K);
   }
 }
 
@@ -847,22 +831,15 @@ void conv_range(const ConvJob& j, int64_t b0, int64_t b1, int64_t p0, int64_t p1
       im2col_rows(j, j.row(b), (int)(j.row(b + 1) - j.row(b)), buf.data() + (b - g0) * MR * j.K);
     for (int64_t i = 0; i < nk; ++i) {
       KBlock kb = k_block(j.K, nk, i);
-      for (int64_t p = p0; p < p1; ++p) {
-        bool pair = pair_of_panels(p, p1, j.M);
-        Panel q = panel_of(j.M, p);
+      for (int64_t p = p0, step; p < p1; p += step) {
+        Panel q = span_of(j.M, p, p1);
+        step = q.panels();
         for (int64_t b = g0; b < g1; ++b) {
           int64_t r0 = j.row(b);
-          const float* a = buf.data() + (b - g0) * MR * j.K;
-          const float* res = j.residual ? j.residual + r0 * j.M : nullptr;
-          int r = (int)(j.row(b + 1) - r0);
-          if (pair)
-            tile_rows4(r, j.K, kb, a, j.K, nullptr, j.Bp, p * NR, j.bias, j.Y + r0 * j.M, j.M,
-                       res, j.act, j.lo, j.hi);
-          else
-            tile_rows(r, j.K, kb, a, j.K, nullptr, j.Bp, q, j.bias, j.Y + r0 * j.M, j.M, res,
-                      j.act, j.lo, j.hi);
+          tile_rows((int)(j.row(b + 1) - r0), j.K, kb, buf.data() + (b - g0) * MR * j.K, j.K,
+                    nullptr, j.Bp, q, j.bias, j.Y + r0 * j.M, j.M,
+                    j.residual ? j.residual + r0 * j.M : nullptr, j.act, j.lo, j.hi);
         }
-        if (pair) ++p;
       }
     }
   }
@@ -1027,19 +1004,14 @@ void wino_block(const WinoJob& j, int64_t t0, int64_t n, float* vt, float* mt) {
     const float* a = vt + p * n * j.C;
     const float* bp = j.Up + p * j.panels * j.C * NR;
     float* c = mt + p * n * j.M;
-    for (int64_t q = 0; q < j.panels; ++q) {
-      bool pair = pair_of_panels(q, j.panels, j.M);
-      Panel pq = panel_of(j.M, q);
+    for (int64_t q = 0, step; q < j.panels; q += step) {
+      Panel pq = span_of(j.M, q, j.panels);
+      step = pq.panels();
       for (int64_t b = 0; b < blocks; ++b) {
         int64_t r0 = n * b / blocks, r1 = n * (b + 1) / blocks;
-        if (pair)
-          tile_rows4((int)(r1 - r0), j.C, kb, a + r0 * j.C, j.C, nullptr, bp, pq.n0, nullptr,
-                     c + r0 * j.M, j.M, nullptr, NONE, 0.0f, 0.0f);
-        else
-          tile_rows((int)(r1 - r0), j.C, kb, a + r0 * j.C, j.C, nullptr, bp, pq, nullptr,
-                    c + r0 * j.M, j.M, nullptr, NONE, 0.0f, 0.0f);
+        tile_rows((int)(r1 - r0), j.C, kb, a + r0 * j.C, j.C, nullptr, bp, pq, nullptr,
+                  c + r0 * j.M, j.M, nullptr, NONE, 0.0f, 0.0f);
       }
-      if (pair) ++q;
     }
   }
   switch (j.act) {
@@ -1376,9 +1348,11 @@ struct StemJob {
 // L channels alone when TWO is false (the last channels, M - col <= L: ResNet's 7x7 stem over 8
 // channels in the shipped resnet_small computed a vector of padding for each one it kept, 17% of
 // the model's samples; builds alternated, batch 4: 1.59 / 1.67 against 1.69 / 1.80x onnxruntime).
-template <int64_t ACT, int64_t CC, bool TWO, int64_t SW>  // CC: C when compiled for it (1, 3),
+// CC: C when compiled for it (1, 3), else 0; SW: the stride along W when compiled for it (2),
+// else 0.
+template <int64_t ACT, int64_t CC, bool TWO, int64_t SW>
 inline void stem_tile(const StemJob& j, const float* rows, int64_t ow0, int64_t col, int P,
-                      float* y) {  // else 0; SW: the stride along W when compiled for it (2), else 0
+                      float* y) {
   const int64_t C = CC ? CC : j.C;
   const int64_t sw = SW ? SW : j.sw;  // known: the pixels' reads at fixed offsets from one pointer
   int64_t panel = col / NR, half = col % NR;
