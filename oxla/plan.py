@@ -109,7 +109,7 @@ def prepare(model: ModelProto, options: Options) -> tuple[DispatchTable, bool]:
             gemm_weights_to_kn(model)
             recurrent_weights_per_direction(model)
             if options.native_matmul or small:
-                matmuls_to_native(model, small)
+                matmuls_to_native(model, small, pooled=options.native_threads > 1)
             if options.channels_last:
                 convs_to_channels_last(model)
                 if options.native_stems:

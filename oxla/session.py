@@ -27,7 +27,7 @@ from oxla.lowering.values import to_host
 from oxla.plan import SMALL_WEIGHTS
 from oxla.training.checkpoint import atomic_write
 
-NATIVE_MATMUL_ONE_CORE = True  # False: one-core sessions keep XLA's dots (for measuring)
+NATIVE_MATMUL = True  # False: CPU sessions keep XLA's dots (for measuring)
 
 _ORT_TYPE_NAMES = {
     "float32": "float", "float64": "double", "object": "string", "bool": "bool",
@@ -137,12 +137,12 @@ class InferenceSession:
         # only (on one core XLA's win); the other convolutions run on the kernels on one core too
         usable = (threads if threads > 0 else cores()) if device.platform == "cpu" else 0
         native = usable if usable > 1 else 0
-        # the GRU/LSTM loops also run on one core (for batches: rnn.py's _native_loop), and on
-        # one core MatMuls by constant matrices go to the GEMM kernel (matmuls_to_native)
+        # the GRU/LSTM loops also run on one core (for batches: rnn.py's _native_loop), and so do
+        # MatMuls by constant matrices on the GEMM kernel (matmuls_to_native)
         options = Options(bake_weights=bake_weights, layout_weights=True, memory_limit=memory_limit,
                           constant_weights=SMALL_WEIGHTS if device.platform == "cpu" else 0,
                           native_threads=native, native_recurrent=usable,
-                          native_matmul=NATIVE_MATMUL_ONE_CORE and usable == 1,
+                          native_matmul=NATIVE_MATMUL and usable > 0,
                           native_stems=usable > 0, native_convs=usable == 1,
                           native_nms=usable > 0)
         with self._on_device():

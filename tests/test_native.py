@@ -941,7 +941,7 @@ def test_a_model_of_small_kernels_runs_its_classifier_on_the_kernel(monkeypatch:
 
 
 @needs_kernel
-def test_small_matmuls_and_pooled_sessions_keep_xla_dots() -> None:
+def test_small_matmuls_keep_xla_dots_and_pooled_sessions_take_384() -> None:
     one = ort.SessionOptions()
     one.intra_op_num_threads = 1
     # K or N under MATMUL_MIN_DIM (ViT-S/16's 384) and N under WIDE_RATIO K: XLA's dot is as fast
@@ -955,6 +955,14 @@ def test_small_matmuls_and_pooled_sessions_keep_xla_dots() -> None:
     x = RNG.standard_normal((2, 64, 384)).astype(np.float32)
     want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(wide.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
-    if cpu_client.cores() > 1:  # beside YNNPACK's fusions the kernel lost (tenth round)
-        pooled = oxla.InferenceSession(_matmul_net(768, 1024).SerializeToString())
-        assert not [n for n in pooled.compiled.plan.nodes if n.domain == native_rule.DOMAIN]
+    if cpu_client.cores() > 1:  # several cores: from POOLED_MATMUL_MIN_DIM (YNNPACK's dots lose)
+        assert native_gemm.POOLED_MATMUL_MIN_DIM == 384
+        data = _matmul_net(384, 1152).SerializeToString()
+        pooled = oxla.InferenceSession(data)
+        assert pooled.compiled.options.native_threads > 1
+        assert [n.op_type for n in pooled.compiled.plan.nodes
+                if n.domain == native_rule.DOMAIN] == ["GemmRelu"]
+        want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        np.testing.assert_allclose(pooled.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
+        narrow = oxla.InferenceSession(_matmul_net(256, 512).SerializeToString())
+        assert not [n for n in narrow.compiled.plan.nodes if n.domain == native_rule.DOMAIN]

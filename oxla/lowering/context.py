@@ -28,7 +28,7 @@ class Options:
     channels_last: bool = True       # with layout_weights: 2-D conv nets run NHWC between convs
     native_threads: int = 0          # with channels_last: 1x1 convs on oxla's GEMM, on this many cores
     native_recurrent: int = 0        # GRU/LSTM loops on oxla's kernel, on this many threads (0: off)
-    native_matmul: bool = False      # MatMuls by constant matrices on oxla's GEMM (one-core sessions)
+    native_matmul: bool = False      # MatMuls by constant matrices on oxla's GEMM (CPU sessions)
     native_stems: bool = False       # with channels_last: image stems on oxla's stem kernel (CPU)
     native_convs: bool = False       # with channels_last: convolutions not beside a depthwise one on
                                      # oxla's kernels even on one core (native_threads 0)

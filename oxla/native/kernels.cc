@@ -379,6 +379,7 @@ struct Job {
   int64_t act;
   float lo, hi;
   bool direct;
+  bool by_rows;  // parts split the row blocks (else the column panels): gemm_split
   Panel panel(int64_t p, int64_t p1) const { return span_of(N, p, p1); }
   int64_t row(int64_t b) const { return M * b / blocks; }
 };
@@ -499,6 +500,14 @@ void tile(const Job& j, int64_t b, const Panel& q, const KBlock& kb, const float
 // here: BERT-base's 128 x 3072 x 768 product 7.9 -> 8.8 ms on one core.)
 void run_range(const Job& j, int64_t b0, int64_t b1, int64_t p0, int64_t p1) {
   KBlock whole{0, j.K, true, true};
+  if (!j.direct && !j.by_rows) {  // a share of W's panels, each over all of X's rows in place
+    for (int64_t p = p0, step; p < p1; p += step) {
+      Panel q = j.panel(p, p1);
+      step = q.panels();
+      for (int64_t b = b0; b < b1; ++b) tile(j, b, q, whole, nullptr);
+    }
+    return;
+  }
   if (j.direct) {
     for (int64_t b = b0; b < b1; ++b)
       for (int64_t p = p0, step; p < p1; p += step) {
@@ -525,6 +534,17 @@ void run_range(const Job& j, int64_t b0, int64_t b1, int64_t p0, int64_t p1) {
   }
 }
 
+// Parts per thread, in rounds of halving size (`Part`): finer parts let a late pool thread take a
+// share (EfficientNet-B0: the pool's thread ran 41% of the parts with 2, 4 or 8 per thread), and
+// the last, small ones let the threads end together. Two equal parts per thread before: the caller
+// then waited for the other thread 2.8-3.1 ms a call of ResNet-50 at default threads (the pool's
+// thread starting 24-36 us late, each part 1/4 of a kernel), 1.8 ms of DBNet-style's, 0.57-0.68
+// ms of EfficientNet-B0's (spinning helpers); with 4 rounds 1.07, 0.65-0.86 and 0.17-0.24 ms.
+// Sessions of both in one process, blocks interleaved, default threads (2 cores, Intel AVX-512):
+// ResNet-50 0.965x the time, DBNet-style 0.953x, EfficientNet-B0 0.950x, MobileNetV3-small
+// 0.948x, the detector 0.952x, ShuffleNetV2 0.996x, ViT-S/16 0.990x; 3 or 5 rounds gained less.
+constexpr int CHUNKS_PER_THREAD = 4;
+
 // Part `index` of a kernel's `count` parts on `threads` threads (`parallel`): the parts come in
 // rounds of one per thread, each round's parts half the size of the last one's (count / threads
 // rounds), so that the threads, claiming them in order, end within a small part of each other.
@@ -543,10 +563,25 @@ struct Part {
   int64_t hi(int64_t n) const { return start(n, index + 1); }
 };
 
-// A part of the product: rows split when there are enough row blocks, else column panels.
+// Whether the parts of a product on `threads` threads split its rows (else its column panels):
+// where W is read in place, when there are enough row blocks; where it is not (`direct`), each
+// part of the rows reads all of W once more, and each part of the panels all of X, from L2 or
+// L3: the rows when X is the larger. A share of the panels reads X in place (packing all of X
+// for each part cost more than the product of the smaller ones). With 4 rounds of parts every
+// product split its rows: BERT-base's 128x3072x768 (W 9.4 MB) took 1.33x the time of two equal
+// parts per thread. Against two rounds of row parts, the kernel alone at two threads: 128x768x768
+// 0.69x the time, 128x3072x768 0.74x, 49x2048x512 0.73x, 49x512x2048 0.86x, onnxruntime's
+// 0.94-1.03x on all four (was 1.26-1.51x); one thread 0.90-1.0x.
+bool gemm_split(const Job& j, int threads) {
+  int64_t panels = (j.N + NR - 1) / NR;
+  if (panels < CHUNKS_PER_THREAD * threads) return true;
+  return j.blocks >= 8 * threads && (j.direct || j.M >= j.N);
+}
+
+// A part of the product (`gemm_split`).
 void run_part(const Job& j, const Part& p) {
   int64_t panels = (j.N + NR - 1) / NR;
-  if (j.blocks >= 8 * p.threads || panels < p.count)
+  if (j.by_rows)
     run_range(j, p.lo(j.blocks), p.hi(j.blocks), 0, panels);
   else
     run_range(j, 0, j.blocks, p.lo(panels), p.hi(panels));
@@ -585,16 +620,6 @@ Team* team() {
   return t;
 }
 
-// Parts per thread, in rounds of halving size (`Part`): finer parts let a late pool thread take a
-// share (EfficientNet-B0: the pool's thread ran 41% of the parts with 2, 4 or 8 per thread), and
-// the last, small ones let the threads end together. Two equal parts per thread before: the caller
-// then waited for the other thread 2.8-3.1 ms a call of ResNet-50 at default threads (the pool's
-// thread starting 24-36 us late, each part 1/4 of a kernel), 1.8 ms of DBNet-style's, 0.57-0.68
-// ms of EfficientNet-B0's (spinning helpers); with 4 rounds 1.07, 0.65-0.86 and 0.17-0.24 ms.
-// Sessions of both in one process, blocks interleaved, default threads (2 cores, Intel AVX-512):
-// ResNet-50 0.965x the time, DBNet-style 0.953x, EfficientNet-B0 0.950x, MobileNetV3-small
-// 0.948x, the detector 0.952x, ShuffleNetV2 0.996x, ViT-S/16 0.990x; 3 or 5 rounds gained less.
-constexpr int CHUNKS_PER_THREAD = 4;
 
 // ---- oxla's spinning helpers ------------------------------------------------------------------
 //
@@ -765,8 +790,11 @@ ffi::Error Sgemm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi:
   j.lo = lo;
   j.hi = hi;
   j.direct = K * N * 4 <= direct_w_bytes();
+  int used = usable(threads, pool);
+  j.by_rows = gemm_split(j, used);
   double flops = 2.0 * (double)M * (double)K * (double)N;
-  parallel(gemm_part, &j, usable(threads, pool), flops, pool);  // below, ~3 us of work
+  // rows of a W read from memory: each part reads all of it, so fewer parts
+  parallel(gemm_part, &j, used, flops, pool, j.by_rows && !j.direct ? 2 : CHUNKS_PER_THREAD);  // below, ~3 us of work
   return ffi::Error::Success();
 }
 
