@@ -620,7 +620,6 @@ Team* team() {
   return t;
 }
 
-
 // ---- oxla's spinning helpers ------------------------------------------------------------------
 //
 // On oxla's one-thread client (a segment of small kernels: cpu_client.prefers_one_thread) XLA's
@@ -793,8 +792,9 @@ ffi::Error Sgemm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi:
   int used = usable(threads, pool);
   j.by_rows = gemm_split(j, used);
   double flops = 2.0 * (double)M * (double)K * (double)N;
-  // rows of a W read from memory: each part reads all of it, so fewer parts
-  parallel(gemm_part, &j, used, flops, pool, j.by_rows && !j.direct ? 2 : CHUNKS_PER_THREAD);  // below, ~3 us of work
+  // below ~3 us of work the caller alone; the rows of a W not read in place in two rounds of
+  // parts (each part reads all of W)
+  parallel(gemm_part, &j, used, flops, pool, j.by_rows && !j.direct ? 2 : CHUNKS_PER_THREAD);
   return ffi::Error::Success();
 }
 
@@ -962,10 +962,10 @@ constexpr int64_t WINO_BLOCK_BYTES = 256 << 10;
 // Blocks' V and M bounded (each thread's buffers): U of 2048 channels is 256 MiB.
 constexpr int64_t WINO_BLOCK_MAX_BYTES = 4 << 20;
 // A layer whose U is larger than this (256 channels: 4 MiB) takes one part per thread, not
-// CHUNKS_PER_THREAD (measured with two equal ones): each part reads all of U. Default threads, onnxruntime interleaved: the
-// DBNet-style segmenter (256 channels at 20x20, 512 at 10x10) 0.929x and 0.922x the time,
-// ResNet-50 0.981x and 1.001x; at 1 MiB (128 channels) too, four 128-channel layers at 28x28 ran
-// 1.08x.
+// CHUNKS_PER_THREAD (measured against two equal ones): each part reads all of U. Default
+// threads, onnxruntime interleaved: the DBNet-style segmenter (256 channels at 20x20, 512 at
+// 10x10) 0.929x and 0.922x the time, ResNet-50 0.981x and 1.001x; at 1 MiB (128 channels) too,
+// four 128-channel layers at 28x28 ran 1.08x.
 constexpr int64_t WINO_ONE_PART_U_BYTES = 2 << 20;
 
 struct WinoJob {
@@ -2217,7 +2217,7 @@ struct NmsJob {
   bool has_min;
 };
 
-// Rows (batch, class) [part * rows / parts, (part + 1) * rows / parts): each one's kept boxes as
+// A part's rows (batch, class), one equal part per thread: each one's kept boxes as
 // [batch, class, box] at its own slots (Snms compacts them after).
 void nms_part(const void* ctx, const Part& p) {
   const NmsJob& j = *static_cast<const NmsJob*>(ctx);
