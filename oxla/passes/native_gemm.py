@@ -131,10 +131,14 @@ MATMUL_MIN_DIM = 512
 # ... in sessions on several cores, where XLA's dots are YNNPACK's and repack their weights every
 # call, and the kernel splits its parts in rounds (oxla/native/kernels.cc: Part, gemm_split).
 # Default threads (2 cores, Intel AVX-512), sessions in one process, onnxruntime's blocks
-# interleaved: BERT-base 0.80-0.83x the time (1.10x onnxruntime's -> 0.88-0.91x), ViT-S/16 0.94-0.95x
-# at 384 (its 384x384 and 1536x384 products too) against 0.97-1.00x at 512 (docs/benchmarks.md,
-# twenty-second round).
+# interleaved: BERT-base 0.80-0.84x the time (1.10-1.16x onnxruntime's -> 0.88-0.97x), ViT-S/16
+# 0.89x at 384 (its 384x384 and 1536x384 products too; 0.94-0.95x in two earlier runs) against
+# 0.97-1.00x at 512 (docs/benchmarks.md, twenty-second round).
 POOLED_MATMUL_MIN_DIM = 384
+# The instruction sets where sessions on several cores take these products (models of small
+# kernels take their classifiers on any): measured on AVX-512 only; on AVX2 (AMD EPYC) the kernel
+# had lost beside YNNPACK's fusions before its split (tenth round), not measured since.
+POOLED_MATMUL_ISAS = frozenset({"avx512"})
 # ... and wide products (N at least WIDE_RATIO K, K at least WIDE_MIN_K) of any size: Eigen's dot
 # blocks them badly. One core, the kernel alone against XLA's dot: 197x384x1536 (ViT-S/16's
 # MLP) 0.77x the time (60 -> 78 GFLOP/s), 128x768x3072 0.53x (44 -> 84), where 197x384x1152 (3x)
@@ -680,15 +684,18 @@ def _constant_matrix(name: str, producers: dict[str, NodeProto], inits: dict[str
 
 def matmuls_to_native(model: ModelProto, small: bool = False, pooled: bool = False) -> int:
     """MatMul by a constant float32 (K, N) matrix of at least MIN_FLOPS (K and N from
-    MATMUL_MIN_DIM, POOLED_MATMUL_MIN_DIM in a session on several cores (`pooled`), or N from
-    WIDE_RATIO K) becomes an
+    MATMUL_MIN_DIM, POOLED_MATMUL_MIN_DIM in a session on several cores (`pooled`, on
+    POOLED_MATMUL_ISAS only), or N from WIDE_RATIO K) becomes an
     `oxla.native::Gemm*` node, the Add of a constant (N,) bias after it its bias and an
     activation after that its epilogue; returns how many. For sessions on one core, where XLA
     runs these products as Eigen's dots (docs/benchmarks.md, thirteenth round), on several
     (YNNPACK's dots, twenty-second round), and for models of
     small kernels (`small`: any flops; a plain Gemm too, its C the bias), where the kernel splits
     a classifier's matrix-vector products with its helpers."""
-    min_dim = POOLED_MATMUL_MIN_DIM if pooled else MATMUL_MIN_DIM
+    if pooled and not small and native.isa() not in POOLED_MATMUL_ISAS:
+        return 0
+    min_dim = POOLED_MATMUL_MIN_DIM if pooled and native.isa() in POOLED_MATMUL_ISAS \
+        else MATMUL_MIN_DIM
     opsets, inits, producers = _tables(model)
     if opsets.get("", 1) < MIN_OPSET:
         return 0
