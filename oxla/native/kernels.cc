@@ -570,8 +570,9 @@ struct Part {
 // for each part cost more than the product of the smaller ones). With 4 rounds of parts every
 // product split its rows: BERT-base's 128x3072x768 (W 9.4 MB) took 1.33x the time of two equal
 // parts per thread. Against two rounds of row parts, the kernel alone at two threads: 128x768x768
-// 0.69x the time, 128x3072x768 0.74x, 49x2048x512 0.73x, 49x512x2048 0.86x, onnxruntime's
-// 0.94-1.03x on all four (was 1.26-1.51x); one thread 0.90-1.0x.
+// 0.69x the time, 128x3072x768 0.74x, 49x2048x512 0.73x, 49x512x2048 0.86x; onnxruntime's
+// 0.94-1.03x the time (the build before 1.09-1.39x; a run in a slow phase of the host measured
+// 1.27-1.53x against onnxruntime for three of them); one thread 0.90-1.0x.
 bool gemm_split(const Job& j, int threads) {
   int64_t panels = (j.N + NR - 1) / NR;
   if (panels < CHUNKS_PER_THREAD * threads) return true;
