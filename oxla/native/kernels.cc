@@ -368,6 +368,16 @@ Panel span_of(int64_t N, int64_t p, int64_t p1) {
   return panel_of(N, p);
 }
 
+// f(span) for the spans of panels [p0, p1) of N columns (span_of), in order.
+template <typename F>
+inline void each_span(int64_t N, int64_t p0, int64_t p1, F f) {
+  for (int64_t p = p0; p < p1;) {
+    Panel q = span_of(N, p, p1);
+    f(q);
+    p += q.panels();
+  }
+}
+
 struct Job {
   const float* A;
   const float* Bp;
@@ -380,7 +390,6 @@ struct Job {
   float lo, hi;
   bool direct;
   bool by_rows;  // parts split the row blocks (else the column panels): gemm_split
-  Panel panel(int64_t p, int64_t p1) const { return span_of(N, p, p1); }
   int64_t row(int64_t b) const { return M * b / blocks; }
 };
 
@@ -500,26 +509,16 @@ void tile(const Job& j, int64_t b, const Panel& q, const KBlock& kb, const float
 // here: BERT-base's 128 x 3072 x 768 product 7.9 -> 8.8 ms on one core.)
 void run_range(const Job& j, int64_t b0, int64_t b1, int64_t p0, int64_t p1) {
   KBlock whole{0, j.K, true, true};
-  if (!j.direct && !j.by_rows) {  // a share of W's panels, each over all of X's rows in place
-    for (int64_t p = p0, step; p < p1; p += step) {
-      Panel q = j.panel(p, p1);
-      step = q.panels();
-      for (int64_t b = b0; b < b1; ++b) tile(j, b, q, whole, nullptr);
-    }
-    return;
-  }
   if (j.direct) {
     for (int64_t b = b0; b < b1; ++b)
-      for (int64_t p = p0, step; p < p1; p += step) {
-        Panel q = j.panel(p, p1);
-        step = q.panels();
-        tile(j, b, q, whole, nullptr);
-      }
+      each_span(j.N, p0, p1, [&](const Panel& q) { tile(j, b, q, whole, nullptr); });
     return;
   }
+  // W not read in place: each of its panels over all the rows. A share of the rows is packed
+  // first; a share of the panels (by_rows false) reads all of X's rows in place.
   thread_local std::vector<float> buf;
-  buf.resize((size_t)((b1 - b0) * MR * j.K));
-  for (int64_t b = b0; b < b1; ++b) {
+  if (j.by_rows) buf.resize((size_t)((b1 - b0) * MR * j.K));
+  for (int64_t b = b0; b < b1 && j.by_rows; ++b) {
     int64_t r0 = j.row(b);
     int r = (int)(j.row(b + 1) - r0);
     const float* a = j.A + r0 * j.K;
@@ -527,11 +526,10 @@ void run_range(const Job& j, int64_t b0, int64_t b1, int64_t p0, int64_t p1) {
     for (int64_t k = 0; k < j.K; ++k)
       for (int i = 0; i < r; ++i) dst[k * r + i] = a[i * j.K + k];
   }
-  for (int64_t p = p0, step; p < p1; p += step) {
-    Panel q = j.panel(p, p1);
-    step = q.panels();
-    for (int64_t b = b0; b < b1; ++b) tile(j, b, q, whole, buf.data() + (b - b0) * MR * j.K);
-  }
+  each_span(j.N, p0, p1, [&](const Panel& q) {
+    for (int64_t b = b0; b < b1; ++b)
+      tile(j, b, q, whole, j.by_rows ? buf.data() + (b - b0) * MR * j.K : nullptr);
+  });
 }
 
 // Parts per thread, in rounds of halving size (`Part`): finer parts let a late pool thread take a
@@ -886,16 +884,14 @@ void conv_range(const ConvJob& j, int64_t b0, int64_t b1, int64_t p0, int64_t p1
       im2col_rows(j, j.row(b), (int)(j.row(b + 1) - j.row(b)), buf.data() + (b - g0) * MR * j.K);
     for (int64_t i = 0; i < nk; ++i) {
       KBlock kb = k_block(j.K, nk, i);
-      for (int64_t p = p0, step; p < p1; p += step) {
-        Panel q = span_of(j.M, p, p1);
-        step = q.panels();
+      each_span(j.M, p0, p1, [&](const Panel& q) {
         for (int64_t b = g0; b < g1; ++b) {
           int64_t r0 = j.row(b);
           tile_rows((int)(j.row(b + 1) - r0), j.K, kb, buf.data() + (b - g0) * MR * j.K, j.K,
                     nullptr, j.Bp, q, j.bias, j.Y + r0 * j.M, j.M,
                     j.residual ? j.residual + r0 * j.M : nullptr, j.act, j.lo, j.hi);
         }
-      }
+      });
     }
   }
 }
@@ -1059,15 +1055,13 @@ void wino_block(const WinoJob& j, int64_t t0, int64_t n, float* vt, float* mt) {
     const float* a = vt + p * n * j.C;
     const float* bp = j.Up + p * j.panels * j.C * NR;
     float* c = mt + p * n * j.M;
-    for (int64_t q = 0, step; q < j.panels; q += step) {
-      Panel pq = span_of(j.M, q, j.panels);
-      step = pq.panels();
+    each_span(j.M, 0, j.panels, [&](const Panel& pq) {
       for (int64_t b = 0; b < blocks; ++b) {
         int64_t r0 = n * b / blocks, r1 = n * (b + 1) / blocks;
         tile_rows((int)(r1 - r0), j.C, kb, a + r0 * j.C, j.C, nullptr, bp, pq, nullptr,
                   c + r0 * j.M, j.M, nullptr, NONE, 0.0f, 0.0f);
       }
-    }
+    });
   }
   switch (j.act) {
     case RELU: wino_out<RELU>(j, t0, n, mt); break;
