@@ -18,7 +18,7 @@ from oxla.dtypes import is_float
 from oxla.graph import initializer_values, last_uses, model_opsets, node_reads, producers
 from oxla.lowering.context import Options
 from oxla.native import available as native_available
-from oxla.passes import nms_split
+from oxla.passes import native_gemm, nms_split
 from oxla.passes.channels_last import convs_to_channels_last
 from oxla.passes.classify import DispatchTable, check_supported
 from oxla.passes.constants import large_constants_to_initializers
@@ -114,7 +114,8 @@ def prepare(model: ModelProto, options: Options) -> tuple[DispatchTable, bool]:
                 convs_to_channels_last(model)
                 if options.native_stems:
                     stems_to_native(model)  # reads the image before its transpose
-                if options.native_threads:
+                if options.native_threads or (options.native_convs
+                                                and native_gemm.ONE_CORE_DEPTHWISE):
                     depthwise_to_native(model, small)  # before PadAheadPass: it pads in the kernel
                 pad_ahead(model)
                 convs_to_winograd(model, native=bool(options.native_threads

@@ -133,8 +133,8 @@ class InferenceSession:
             device = single_thread_device() or device  # a CPU client whose pool has one thread
         self._device = None if device == jax.devices()[0] else device
         bake_weights, cache_size, memory_limit = self._build_options
-        # oxla's depthwise kernel and the convolutions beside one gain from the pool's threads
-        # only (on one core XLA's win); the other convolutions run on the kernels on one core too
+        # on one core (native_convs) the kernels run on the calling thread: the depthwise
+        # convolutions (on AVX-512) and the convolutions beside no depthwise one left to XLA
         usable = (threads if threads > 0 else cores()) if device.platform == "cpu" else 0
         native = usable if usable > 1 else 0
         # the GRU/LSTM loops also run on one core (for batches: rnn.py's _native_loop), and so do

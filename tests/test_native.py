@@ -245,19 +245,33 @@ def _mobile_block(size: int = 56) -> onnx.ModelProto:
 
 
 @needs_kernel
-def test_one_core_keeps_convolutions_beside_a_depthwise_one_xla() -> None:
-    """On one core the convolutions a depthwise one reads or made stay XLA's; with several
-    threads all four products are native."""
+def test_one_core_keeps_convolutions_beside_a_depthwise_one_xla(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On one core a depthwise convolution goes to the kernel where DEPTHWISE_ISAS holds the
+    instruction set, and the convolutions beside it with it; where it stays XLA's, so do the
+    convolutions it reads or made. With several threads all four products are native."""
     model = _mobile_block()
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    one = oxla.CompiledModel(copy, Options(layout_weights=True, native_convs=True)).model
+    x = RNG.standard_normal((1, 64, 56, 56)).astype(np.float32)
+
+    def one_core() -> onnx.ModelProto:
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        return oxla.CompiledModel(copy, Options(layout_weights=True, native_convs=True)).model
+
+    monkeypatch.setattr(native_gemm, "DEPTHWISE_ISAS", frozenset())
+    one = one_core()
     native_nodes = [n for n in one.graph.node if n.domain == native_rule.DOMAIN]
     assert len(native_nodes) == 1 and native_nodes[0].output[0].startswith("h_")
+    _agrees(model, one, x)
+    monkeypatch.setattr(native_gemm, "DEPTHWISE_ISAS", frozenset({native.isa()}))
+    one = one_core()
+    kinds = [n.op_type for n in one.graph.node if n.domain == native_rule.DOMAIN]
+    assert len(kinds) == 4 and sum(k.startswith("Depthwise") for k in kinds) == 1, kinds
+    _agrees(model, one, x)
+    monkeypatch.setattr(native_gemm, "ONE_CORE_DEPTHWISE", False)
+    assert len([n for n in one_core().graph.node if n.domain == native_rule.DOMAIN]) == 1
     assert len([n for n in _planned(model).graph.node
                 if n.domain == native_rule.DOMAIN and not n.op_type.startswith("Depthwise")]) == 3
-    x = RNG.standard_normal((1, 64, 56, 56)).astype(np.float32)
-    _agrees(model, one, x)
 
 
 @needs_kernel

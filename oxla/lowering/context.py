@@ -30,8 +30,9 @@ class Options:
     native_recurrent: int = 0        # GRU/LSTM loops on oxla's kernel, on this many threads (0: off)
     native_matmul: bool = False      # MatMuls by constant matrices on oxla's GEMM (CPU sessions)
     native_stems: bool = False       # with channels_last: image stems on oxla's stem kernel (CPU)
-    native_convs: bool = False       # with channels_last: convolutions not beside a depthwise one on
-                                     # oxla's kernels even on one core (native_threads 0)
+    native_convs: bool = False       # with channels_last, on one core (native_threads 0): depthwise
+                                     # convolutions (AVX-512) and the convolutions not beside one
+                                     # that stays XLA's on oxla's kernels, one thread each
     native_nms: bool = False         # NonMaxSuppression's ranked pass on oxla's kernel (CPU)
     constant_weights: int = 0        # float initializers become HLO constants when they total at
                                      # most this many bytes (plan.SMALL_WEIGHTS; 0: never)

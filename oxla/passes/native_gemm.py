@@ -162,6 +162,17 @@ WINDOW = ("kernel_shape", "strides", "pads", "dilations")  # a Conv* node's attr
 DEPTHWISE_MIN_FLOPS = 1e6
 SMALL_DEPTHWISE_MIN_FLOPS = 1e5  # in a model of small kernels (see SMALL_MIN_FLOPS)
 DEPTHWISE = True  # False: depthwise convolutions stay XLA's (for measuring)
+# One-core sessions (Options.native_convs) take the depthwise kernel too, by the same rule
+# (DEPTHWISE_ISAS, DEPTHWISE_MIN_FLOPS), and the 1x1 convolutions beside those become native as
+# any other (only a depthwise convolution that stays XLA's keeps its neighbours XLA's). Intel
+# Xeon (AVX-512), one core, onnxruntime interleaved, against XLA's taps with their neighbours
+# XLA's: EfficientNet-B0 0.898x and 0.977x the time, MobileNetV3-small 0.912x and 0.984x, the
+# detector 0.998x and 1.007x, ShuffleNetV2 1.030x and 1.000x; the depthwise micro-benchmark's
+# single layers 0.43-0.78x onnxruntime's time where XLA's taps took 0.75-1.87x. With the 1x1
+# convolutions beside them left XLA's, the detector ran 2.0x the time: its 13 MB temporary
+# buffer came from a fresh mmap each call (3221 page faults a call; glibc maps a large
+# posix_memalign anew when the heap's top cannot hold it).
+ONE_CORE_DEPTHWISE = True
 # The instruction sets whose depthwise kernel beats XLA's taps inside a model on the pooled client
 # (a model of small kernels, `small_kernels`, takes it on any). On AVX2 it loses:
 # AMD EPYC (Zen 3), default threads, against XLA's taps, short blocks in rotation:
@@ -790,7 +801,8 @@ def _depthwise(node: NodeProto, producers: dict[str, NodeProto], inits: dict[str
 def depthwise_to_native(model: ModelProto, small: bool = False) -> int:
     """Rewrite the eligible depthwise convolutions of the main graph (`DEPTHWISE`); returns how
     many. `small`: the model runs on the one-thread client (`small_kernels`): its depthwise
-    convolutions of SMALL_DEPTHWISE_MIN_FLOPS go to the kernel whatever the instruction set."""
+    convolutions of SMALL_DEPTHWISE_MIN_FLOPS go to the kernel whatever the instruction set.
+    Sessions on several cores and, with ONE_CORE_DEPTHWISE, on one core run it."""
     if not DEPTHWISE or (native.isa() not in DEPTHWISE_ISAS and not small):
         return 0
     opsets, inits, producers = _tables(model)
