@@ -10,8 +10,8 @@ three oxla builds interleaved: XLA's native conv channels first, conv_forms chan
 For each shape: XLA's native convolution, each candidate form of conv_forms (raw jax.jit; the
 channels-first forms with W an OIHW argument, the channels-last `*_last` forms with X as
 (N, H, W, C) and W stored HWIO, as sessions leave them inside a conv net; `native_dw_last`, oxla's
-own depthwise kernel, which sessions choose above native_gemm.DEPTHWISE_MIN_FLOPS on AVX-512,
-on one core too (native_gemm.ONE_CORE_DEPTHWISE)), oxla's
+own depthwise kernel, which sessions choose on AVX-512 above native_gemm.POOLED_DEPTHWISE_MIN_FLOPS
+on several cores, above DEPTHWISE_MIN_FLOPS on one (ONE_CORE_DEPTHWISE)), oxla's
 InferenceSession on a one-node model (ChannelsLastPass puts a transpose on each side of a lone
 Conv) and onnxruntime on the same model. Each thread setting runs
 in its own process: threads 0 is both runtimes' default; threads 1 is onnxruntime with
@@ -283,9 +283,11 @@ def _transposed_form(name: str, s: Shape) -> Callable[..., Any]:
 
 def _chosen(s: Shape, w_shape: tuple[int, ...], threads: int) -> tuple[str, str]:
     """The forms Conv (channels first, channels last) takes for this shape: channels last, a
-    session runs a depthwise convolution of at least DEPTHWISE_MIN_FLOPS on the native kernel
-    where its instruction set is in DEPTHWISE_ISAS (oxla.passes.native_gemm.depthwise_to_native),
-    on one core where ONE_CORE_DEPTHWISE says so."""
+    session runs a depthwise convolution on the native kernel where its instruction set is in
+    DEPTHWISE_ISAS (oxla.passes.native_gemm.depthwise_to_native): on several cores from
+    POOLED_DEPTHWISE_MIN_FLOPS, on one core (where ONE_CORE_DEPTHWISE says so) from
+    DEPTHWISE_MIN_FLOPS. (In a model of small kernels, `small_kernels`, from
+    SMALL_DEPTHWISE_MIN_FLOPS on any instruction set.)"""
     from oxla.cpu_client import cores
     from oxla.lowering.ops import conv_forms as F
     from oxla.passes import native_gemm
@@ -298,7 +300,8 @@ def _chosen(s: Shape, w_shape: tuple[int, ...], threads: int) -> tuple[str, str]
     flops = 2 * s.m * math.prod(out) * s.k * s.k
     several = threads != 1 and cores() > 1
     if s.c == s.group == s.m and (several or native_gemm.ONE_CORE_DEPTHWISE) and native.available() \
-            and native.isa() in native_gemm.DEPTHWISE_ISAS and flops >= native_gemm.DEPTHWISE_MIN_FLOPS:
+            and native.isa() in native_gemm.DEPTHWISE_ISAS and flops >= (
+                native_gemm.POOLED_DEPTHWISE_MIN_FLOPS if several else native_gemm.DEPTHWISE_MIN_FLOPS):
         return F.choose(*geometry).__name__, "native_dw_last"
     return F.choose(*geometry).__name__, F.choose_last(*geometry).__name__
 

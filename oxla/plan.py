@@ -116,7 +116,8 @@ def prepare(model: ModelProto, options: Options) -> tuple[DispatchTable, bool]:
                     stems_to_native(model)  # reads the image before its transpose
                 if options.native_threads or (options.native_convs
                                                 and native_gemm.ONE_CORE_DEPTHWISE):
-                    depthwise_to_native(model, small)  # before PadAheadPass: it pads in the kernel
+                    # before PadAheadPass: it pads in the kernel
+                    depthwise_to_native(model, small, pooled=options.native_threads > 1)
                 pad_ahead(model)
                 convs_to_winograd(model, native=bool(options.native_threads
                                                      or options.native_convs))

@@ -104,7 +104,8 @@ def test_suite_runs_the_shipped_model_end_to_end(tmp_path: Path) -> None:
 
 def test_conv_benchmark_native_depthwise_form_and_choice() -> None:
     """benchmarks.conv's native depthwise column computes the convolution, and is what a
-    session chooses at default threads (on a machine with several cores and the kernel)."""
+    session chooses where the kernel wins (AVX-512; under DEPTHWISE_MIN_FLOPS on several cores
+    only)."""
     from benchmarks import conv
     from oxla import cpu_client, native
     from oxla.passes import native_gemm
@@ -121,7 +122,11 @@ def test_conv_benchmark_native_depthwise_form_and_choice() -> None:
     want = lax.conv_general_dilated(x, w, (2, 2), [(1, 1), (1, 1)], dimension_numbers=("NHWC", "HWIO", "NHWC"),
                                     feature_group_count=48)
     np.testing.assert_allclose(got, np.asarray(want), rtol=1e-5, atol=1e-5)
-    big = conv.Shape("dw", "conv", 96, 56, 96, 96, 3, 1)
-    assert conv._chosen(big, (96, 1, 3, 3), 1)[1] == "taps_last"
-    wins = cpu_client.cores() > 1 and native.isa() in native_gemm.DEPTHWISE_ISAS  # AVX-512 only
+    big = conv.Shape("dw", "conv", 96, 56, 96, 96, 3, 1)  # 5.4e6 flops
+    wins = native.isa() in native_gemm.DEPTHWISE_ISAS  # AVX-512 only
+    assert conv._chosen(big, (96, 1, 3, 3), 1)[1] == ("native_dw_last" if wins else "taps_last")
     assert conv._chosen(big, (96, 1, 3, 3), 0)[1] == ("native_dw_last" if wins else "taps_last")
+    mid = conv.Shape("dw", "conv", 960, 7, 960, 960, 3, 1)  # 0.85e6 flops: one core XLA's
+    assert conv._chosen(mid, (960, 1, 3, 3), 1)[1] == "taps_last"
+    several = wins and cpu_client.cores() > 1
+    assert conv._chosen(mid, (960, 1, 3, 3), 0)[1] == ("native_dw_last" if several else "taps_last")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -647,6 +649,7 @@ def _dw_net(size: int = 24) -> onnx.ModelProto:
 @needs_kernel
 def test_depthwise_pass_agrees_with_onnxruntime(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(native_gemm, "DEPTHWISE_MIN_FLOPS", 0.0)
+    monkeypatch.setattr(native_gemm, "POOLED_DEPTHWISE_MIN_FLOPS", 0.0)
     model = _dw_net()
     planned = _planned(model)
     kinds = [n.op_type for n in planned.graph.node if n.domain == native_rule.DOMAIN]
@@ -664,11 +667,20 @@ def test_depthwise_pass_agrees_with_onnxruntime(monkeypatch: pytest.MonkeyPatch)
 
 
 @needs_kernel
-def test_small_depthwise_and_one_core_stay_xla() -> None:
-    # 2 * 144 * 32 * 9 flops at 12x12: under DEPTHWISE_MIN_FLOPS
-    assert not [n for n in _planned(_dw_net(24)).graph.node if n.domain == native_rule.DOMAIN]
-    assert [n for n in _planned(_dw_net(64)).graph.node if n.domain == native_rule.DOMAIN]
-    assert not [n for n in _planned(_dw_net(64), threads=0).graph.node if n.domain == native_rule.DOMAIN]
+def test_small_depthwise_stay_xla_by_the_bound_of_their_cores() -> None:
+    """_dw_net(size)'s three depthwise layers do 576, 400 and 288 x size^2 flops: at 8 all under
+    POOLED_DEPTHWISE_MIN_FLOPS (1e5), at 24 all over it and under DEPTHWISE_MIN_FLOPS (1e6, one
+    core), at 64 all over both. Without native_threads or native_convs nothing is native."""
+    def depthwise(size: int, **options: Any) -> int:
+        copy = _dw_net(size)
+        planned = oxla.CompiledModel(copy, Options(layout_weights=True, **options)).model
+        return sum(n.domain == native_rule.DOMAIN and n.op_type.startswith("Depthwise")
+                   for n in planned.graph.node)
+
+    assert native_gemm.POOLED_DEPTHWISE_MIN_FLOPS == 1e5 and native_gemm.DEPTHWISE_MIN_FLOPS == 1e6
+    assert (depthwise(8, native_threads=2), depthwise(24, native_threads=2)) == (0, 3)
+    assert (depthwise(24, native_convs=True), depthwise(64, native_convs=True)) == (0, 3)
+    assert depthwise(64) == 0
 
 
 @needs_kernel
@@ -677,12 +689,13 @@ def test_a_model_of_small_kernels_has_every_depthwise_and_1x1_convolution_on_the
     """`small_kernels` (what sends a convolutional model to the one-thread client, where oxla's
     kernels spin up helpers of their own) judges from shape inference before the passes, on
     float weights and fixed image sizes only; such a model has its
-    depthwise convolutions on the kernel whatever DEPTHWISE_ISAS and DEPTHWISE_MIN_FLOPS say,
+    depthwise convolutions on the kernel whatever DEPTHWISE_ISAS and the other bounds say,
     and its 1x1 ones whatever MIN_FLOPS says; results agree with onnxruntime."""
     monkeypatch.undo()  # this module plans as for large kernels; here the rule itself decides
     monkeypatch.setattr(native_gemm, "DEPTHWISE_ISAS", frozenset())
     monkeypatch.setattr(native_gemm, "MIN_FLOPS", 1e30)
     monkeypatch.setattr(native_gemm, "DEPTHWISE_MIN_FLOPS", 1e30)
+    monkeypatch.setattr(native_gemm, "POOLED_DEPTHWISE_MIN_FLOPS", 1e30)
     model = _dw_net(24)  # and a 1x1 convolution after it
     model.graph.node.append(helper.make_node("Conv", ["d", "p_w", "p_b"], ["e"], kernel_shape=[1, 1]))
     model.graph.output[0].name = "e"
@@ -713,6 +726,7 @@ def test_a_model_of_small_kernels_has_every_depthwise_and_1x1_convolution_on_the
 @needs_kernel
 def test_depthwise_node_without_its_window_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(native_gemm, "DEPTHWISE_MIN_FLOPS", 0.0)
+    monkeypatch.setattr(native_gemm, "POOLED_DEPTHWISE_MIN_FLOPS", 0.0)
     planned = _planned(_dw_net())
     del planned.functions[:]
     node = next(n for n in planned.graph.node if n.op_type == "DepthwiseRelu")
@@ -759,6 +773,7 @@ def _expand_dw_net(act: str) -> onnx.ModelProto:
 @pytest.mark.parametrize("act", ["Relu", "Clip", "HardSwish"])
 def test_depthwise_reads_its_producers_bias_and_activation(monkeypatch: pytest.MonkeyPatch, act: str) -> None:
     monkeypatch.setattr(native_gemm, "DEPTHWISE_MIN_FLOPS", 0.0)
+    monkeypatch.setattr(native_gemm, "POOLED_DEPTHWISE_MIN_FLOPS", 0.0)
     model = _expand_dw_net(act)
     planned = _planned(model)
     kinds = [n.op_type for n in planned.graph.node if n.domain == native_rule.DOMAIN]
@@ -781,6 +796,7 @@ def test_depthwise_takes_an_explicit_pad_and_a_per_channel_affine(monkeypatch: p
     """tf2onnx's shape of a strided depthwise layer: Pad, the Conv without pads, its batch norm as
     Mul and Add by per-channel constants, Relu6 as Clip: one DepthwiseClip with the pads."""
     monkeypatch.setattr(native_gemm, "DEPTHWISE_MIN_FLOPS", 0.0)
+    monkeypatch.setattr(native_gemm, "POOLED_DEPTHWISE_MIN_FLOPS", 0.0)
     c = 24
     inits = [numpy_helper.from_array(np.array([0, 0, 0, 0, 0, 0, 1, 1], np.int64), "pads"),
              numpy_helper.from_array((RNG.standard_normal((c, c, 1, 1)) / 5).astype(np.float32), "e"),
@@ -878,6 +894,7 @@ def test_depthwise_pass_only_where_it_wins(monkeypatch):
     """Where the kernel loses to XLA's taps (an instruction set not in DEPTHWISE_ISAS), the
     depthwise convolutions stay XLA's."""
     monkeypatch.setattr(native_gemm, "DEPTHWISE_MIN_FLOPS", 0.0)
+    monkeypatch.setattr(native_gemm, "POOLED_DEPTHWISE_MIN_FLOPS", 0.0)
     monkeypatch.setattr(native_gemm, "DEPTHWISE_ISAS", frozenset())
     planned = _planned(_dw_net())
     assert not [n for n in planned.graph.node if n.op_type.startswith("Depthwise")]
