@@ -7,7 +7,9 @@ Whole models (--models; `light:NAME` is onnx's shipped light model zoo file) run
 three oxla builds interleaved: XLA's native conv channels first, conv_forms channels first
 (ChannelsLastPass off) and channels last (the default).
 
-For each shape: XLA's native convolution, each candidate form of conv_forms (raw jax.jit; the
+For each shape: XLA's native convolution, each candidate form of conv_forms (jax.jit on the CPU
+client a session of that thread setting runs on: oxla's synchronous one-thread client at
+--threads 1, its synchronous default-pool client otherwise; the
 channels-first forms with W an OIHW argument, the channels-last `*_last` forms with X as
 (N, H, W, C) and W stored HWIO, as sessions leave them inside a conv net; `native_dw_last`, oxla's
 own depthwise kernel, which sessions choose on AVX-512 above native_gemm.POOLED_DEPTHWISE_MIN_FLOPS
@@ -222,6 +224,13 @@ def _interleaved(calls: dict[str, Callable[[], Any]], rounds: int, block_ms: flo
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def _session_device(threads: int) -> Any:
+    """The CPU device an InferenceSession with intra_op_num_threads `threads` runs on."""
+    from oxla.cpu_client import inline_device, single_thread_device
+
+    return (single_thread_device() if threads == 1 else None) or inline_device()
+
+
 def _candidates(s: Shape, x: np.ndarray, w: np.ndarray, threads: int) -> dict[str, Callable[[], Any]]:
     """onnxruntime, the oxla session, both session floors, and each form jitted on its own."""
     import jax
@@ -239,11 +248,15 @@ def _candidates(s: Shape, x: np.ndarray, w: np.ndarray, threads: int) -> dict[st
                 "oxla_floor": oxla.InferenceSession(relu_node(x))}
     calls: dict[str, Callable[[], Any]] = {
         name: lambda sess=sess: sess.run(None, {"x": x})[0] for name, sess in sessions.items()}
-    xj, wj = jax.numpy.asarray(x), jax.numpy.asarray(w)
+    # on the client a session runs on (oxla's synchronous ones: one thread, or the default
+    # pool), where JAX's own hands each call to a thread of its pool: 20-70 us more a call on one
+    # core of this noisy machine, the size of a small layer
+    dev = _session_device(threads)
+    xj, wj = jax.device_put(x, dev), jax.device_put(w, dev)
     # channels-last forms: X as (N, H, W, C) and W stored HWIO, as a session's ChannelsLastPass
     # and WeightLayoutPass leave them
-    xl = jax.numpy.asarray(np.ascontiguousarray(np.moveaxis(x, 1, -1)))
-    wh = jax.numpy.asarray(np.ascontiguousarray(w.transpose(2, 3, 1, 0)))
+    xl = jax.device_put(np.ascontiguousarray(np.moveaxis(x, 1, -1)), dev)
+    wh = jax.device_put(np.ascontiguousarray(w.transpose(2, 3, 1, 0)), dev)
     for name in _forms(s):
         if name == "native_dw_last":
             f = _native_dw_last(s, threads)
