@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import platform
 import statistics
@@ -40,6 +41,26 @@ SETTLE = 2
 # block start with the process's other threads asleep, as a process running one runtime has them.
 IDLE_STEP = 0.01
 IDLE_LIMIT = 0.5
+
+
+def host_ticks() -> tuple[int, int] | None:
+    """(steal, total) CPU ticks of the whole machine so far, from /proc/stat (Linux), or None.
+    Steal is the time the hypervisor ran something else on this VM's virtual CPUs: over an
+    interval, steal / total says how much of the machine was taken away while it was measured."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal [guest guest_nice: inside user and nice]
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
+def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float:
+    """The share of the machine's CPU time stolen between two `host_ticks`; NaN if unknown."""
+    if before is None or after is None or after[1] <= before[1]:
+        return math.nan
+    return (after[0] - before[0]) / (after[1] - before[1])
 
 
 def _others_cpu_ns() -> int | None:

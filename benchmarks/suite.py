@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.overhead import time_block
-from benchmarks.run import SETTLE, wait_idle
+from benchmarks.run import SETTLE, host_ticks, steal_share, wait_idle
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE_DIR = ROOT / "benchmarks" / ".cache" / "suite"
@@ -75,6 +75,7 @@ class Row:
     max_abs_diff: float
     rel_diff: float
     calls: int
+    steal: float = math.nan  # the host's stolen share of CPU time while timed (run.steal_share)
 
     @property
     def ratio(self) -> float:
@@ -127,6 +128,7 @@ def measure(name: str, threads: int, seconds: float, idle: bool = True) -> Row:
     block = max(3, int(0.2 / per_call))
     times: dict[str, list[float]] = {k: [] for k in calls}
     rounds = 0
+    ticks = host_ticks()
     while rounds < 5 or min(sum(t) for t in times.values()) < seconds:
         for key, fn in calls.items():
             # the first SETTLE calls of a block are not counted, on either side; every block
@@ -136,7 +138,8 @@ def measure(name: str, threads: int, seconds: float, idle: bool = True) -> Row:
             times[key] += time_block(fn, block + SETTLE)[SETTLE:]
         rounds += 1
     return Row(name, threads, statistics.median(times["oxla"]) * 1e3, statistics.median(times["ort"]) * 1e3,
-               oxla_load, oxla_first, ort_first, diff, rel, len(times["oxla"]))
+               oxla_load, oxla_first, ort_first, diff, rel, len(times["oxla"]),
+               steal_share(ticks, host_ticks()))
 
 
 def _child(name: str, threads: int, seconds: float, idle: bool = True) -> Row | str:
@@ -226,10 +229,14 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             rows.append(r)
             print(f"{name} ({where}): oxla {r.oxla_ms:.2f} ms, onnxruntime {r.ort_ms:.2f} ms, "
-                  f"{r.ratio:.2f}x, first call {r.oxla_first_s:.2f} s, max diff {r.max_abs_diff:.1e}",
-                  flush=True)
+                  f"{r.ratio:.2f}x, first call {r.oxla_first_s:.2f} s, max diff {r.max_abs_diff:.1e}, "
+                  f"host steal {100 * r.steal:.1f}%", flush=True)
     text = table(rows, failures, settings)
     load = f"load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
+    steals = [r.steal for r in rows if not math.isnan(r.steal)]
+    if steals:
+        load += (f", the hypervisor's steal {100 * min(steals):.1f}-{100 * max(steals):.1f}% of "
+                 "the CPU time while a model was timed")
     print(f"\n{text}\n\n({load} on {os.cpu_count()} cores)")
     if args.write:
         from benchmarks.run import write_results
