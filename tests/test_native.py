@@ -423,6 +423,20 @@ def test_conv_kernel_matches_float64(case: tuple, threads: int) -> None:
 
 
 @needs_kernel
+def test_conv_kernel_parts_by_panels_make_the_im2col_rows_once_a_call() -> None:
+    """49 output pixels (5 blocks) by 512 channels (16 panels) on two threads: split by W's
+    panels, every part covers every block, and a thread's later parts of one call reuse the
+    im2col rows it made; the next call, on another X, makes its own."""
+    hwio = (RNG.standard_normal((3, 3, 64, 512)) / 24).astype(np.float32)
+    b = RNG.standard_normal(512).astype(np.float32)
+    for _ in range(2):
+        x = RNG.standard_normal((1, 7, 7, 64)).astype(np.float32)
+        got = _conv_call(x, hwio, b, None, "Relu", 2, (1, 1), (1, 1, 1, 1), (1, 1))
+        want = _conv_reference(x, hwio, b, None, "Relu", (1, 1), (1, 1, 1, 1), (1, 1))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+@needs_kernel
 @pytest.mark.parametrize("act", ["", "Relu", "Clip", "Silu", "HardSwish"])
 @pytest.mark.parametrize("channels", [12, 290])  # 290: K 2610, the epilogue after the last K block
 @pytest.mark.parametrize("m", [20, 80])  # 80: a pair of whole panels, then a masked one
