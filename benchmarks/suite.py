@@ -14,6 +14,13 @@ the median of the per-call times. Every block starts once the process's other th
 stopped using CPU (`benchmarks.run.wait_idle`: onnxruntime's pool threads spin for 40-55 ms after
 its last call), and its first two calls run but are not counted, on both sides. The geomean of
 oxla/onnxruntime is reported per thread setting.
+
+The share of the machine's CPU time the hypervisor stole while a model was timed (/proc/stat) is
+printed with it. A model timed while more than --steal-limit was stolen is timed again, in a new
+process, up to --retakes times, and its row is the take with the least steal; every take is
+printed and the table's note names the rows retaken. On this 2-vCPU VM a stolen share of 12-20%
+took oxla's default-threads time to 1.2-1.6x onnxruntime's where it was 1.0-1.06x, on models
+whose onnxruntime time moved 0-20%.
 """
 
 from __future__ import annotations
@@ -203,6 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-wait-idle", dest="idle", action="store_false",
                         help="start each block right after the other runtime's (its spinning threads "
                              "still running): the protocol before the fifteenth round")
+    parser.add_argument("--steal-limit", type=float, default=5.0,
+                        help="time a model again when the hypervisor stole more than this percentage "
+                             "of the CPU time while it was timed (default 5)")
+    parser.add_argument("--retakes", type=int, default=2, help="at most this many more takes (default 2)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     settings = [0 if t == "default" else int(t) for t in args.threads.split(",") if t]
@@ -218,25 +229,40 @@ def main(argv: list[str] | None = None) -> int:
                          "with a Python that has torch and transformers")
     rows: list[Row] = []
     failures: dict[tuple[str, int], str] = {}
+    retaken: list[str] = []
     load_before = os.getloadavg()[0]
     for name in names:
         for t in settings:
-            r = _child(name, t, args.seconds, args.idle)
             where = "default threads" if t == 0 else f"{t} thread"
-            if isinstance(r, str):
-                failures[(name, t)] = r
+            takes: list[Row] = []
+            while True:
+                r = _child(name, t, args.seconds, args.idle)
+                if isinstance(r, str):
+                    break
+                takes.append(r)
+                print(f"{name} ({where}): oxla {r.oxla_ms:.2f} ms, onnxruntime {r.ort_ms:.2f} ms, "
+                      f"{r.ratio:.2f}x, first call {r.oxla_first_s:.2f} s, max diff "
+                      f"{r.max_abs_diff:.1e}, host steal {100 * r.steal:.1f}%", flush=True)
+                if not r.steal > args.steal_limit / 100 or len(takes) > args.retakes:
+                    break
+            if not takes:
+                failures[(name, t)] = str(r)
                 print(f"{name} ({where}): FAILED {r}", flush=True)
                 continue
-            rows.append(r)
-            print(f"{name} ({where}): oxla {r.oxla_ms:.2f} ms, onnxruntime {r.ort_ms:.2f} ms, "
-                  f"{r.ratio:.2f}x, first call {r.oxla_first_s:.2f} s, max diff {r.max_abs_diff:.1e}, "
-                  f"host steal {100 * r.steal:.1f}%", flush=True)
+            best = min(takes, key=lambda row: row.steal if not math.isnan(row.steal) else 0.0)
+            rows.append(best)
+            if len(takes) > 1:
+                retaken.append(f"{name} ({where}): " + ", ".join(
+                    f"{k.ratio:.2f}x at {100 * k.steal:.0f}%" for k in takes))
     text = table(rows, failures, settings)
     load = f"load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
     steals = [r.steal for r in rows if not math.isnan(r.steal)]
     if steals:
         load += (f", the hypervisor's steal {100 * min(steals):.1f}-{100 * max(steals):.1f}% of "
                  "the CPU time while a model was timed")
+    if retaken:
+        load += ("; timed again for the hypervisor's steal (ratio at stolen share, the least "
+                 "stolen kept): " + "; ".join(retaken))
     print(f"\n{text}\n\n({load} on {os.cpu_count()} cores)")
     if args.write:
         from benchmarks.run import write_results
