@@ -159,7 +159,10 @@ WINDOW = ("kernel_shape", "strides", "pads", "dilations")  # a Conv* node's attr
 # an FFI call costs ~2.5 us. Both orders in one process, default threads, against none native:
 # EfficientNet-B0 (15 layers) 7.14 -> 6.83 and 7.12 -> 6.74 ms, the detector (4) 3.30 -> 3.20 and
 # 3.40 -> 3.26, MobileNetV3-small (8) 1.62 -> 1.63 and 1.60 -> 1.64; with 3e6 the detector's 3
-# largest alone ran slower (3.31 -> 3.43), EfficientNet-B0's 8 gained less.
+# largest alone ran slower (3.31 -> 3.43), EfficientNet-B0's 8 gained less. Now the bound of
+# one-core sessions (ONE_CORE_DEPTHWISE): there 8e5, 5e5 and 2e5 took 1.00-1.08x the time of 1e6
+# on MobileNetV3-small, ShuffleNetV2, EfficientNet-B0 and the detector (XLA's taps fuse with
+# their neighbours).
 DEPTHWISE_MIN_FLOPS = 1e6
 SMALL_DEPTHWISE_MIN_FLOPS = 1e5  # in a model of small kernels (see SMALL_MIN_FLOPS)
 # In a session on several cores of a model of larger kernels (the pooled client). Where 1e6 was
