@@ -517,14 +517,16 @@ void run_range(const Job& j, int64_t b0, int64_t b1, int64_t p0, int64_t p1) {
   // W not read in place: each of its panels over all the rows. A share of the rows is packed
   // first; a share of the panels (by_rows false) reads all of X's rows in place.
   thread_local std::vector<float> buf;
-  if (j.by_rows) buf.resize((size_t)((b1 - b0) * MR * j.K));
-  for (int64_t b = b0; b < b1 && j.by_rows; ++b) {
-    int64_t r0 = j.row(b);
-    int r = (int)(j.row(b + 1) - r0);
-    const float* a = j.A + r0 * j.K;
-    float* dst = buf.data() + (b - b0) * MR * j.K;
-    for (int64_t k = 0; k < j.K; ++k)
-      for (int i = 0; i < r; ++i) dst[k * r + i] = a[i * j.K + k];
+  if (j.by_rows) {
+    buf.resize((size_t)((b1 - b0) * MR * j.K));
+    for (int64_t b = b0; b < b1; ++b) {
+      int64_t r0 = j.row(b);
+      int r = (int)(j.row(b + 1) - r0);
+      const float* a = j.A + r0 * j.K;
+      float* dst = buf.data() + (b - b0) * MR * j.K;
+      for (int64_t k = 0; k < j.K; ++k)
+        for (int i = 0; i < r; ++i) dst[k * r + i] = a[i * j.K + k];
+    }
   }
   each_span(j.N, p0, p1, [&](const Panel& q) {
     for (int64_t b = b0; b < b1; ++b)
@@ -890,13 +892,12 @@ void conv_range(const ConvJob& j, int64_t b0, int64_t b1, int64_t p0, int64_t p1
   thread_local uint64_t buf_call = 0;  // the call whose every block buf holds (0: none)
   bool whole = b0 == 0 && b1 == j.blocks && group == b1;
   bool kept = whole && buf_call == j.call;
-  buf_call = 0;
+  buf_call = whole ? j.call : 0;  // a part runs to its end on this thread
   buf.resize((size_t)(group * MR * j.K));
   for (int64_t g0 = b0; g0 < b1; g0 += group) {
     int64_t g1 = g0 + group < b1 ? g0 + group : b1;
     for (int64_t b = g0; b < g1 && !kept; ++b)
       im2col_rows(j, j.row(b), (int)(j.row(b + 1) - j.row(b)), buf.data() + (b - g0) * MR * j.K);
-    if (whole) buf_call = j.call;
     for (int64_t i = 0; i < nk; ++i) {
       KBlock kb = k_block(j.K, nk, i);
       each_span(j.M, p0, p1, [&](const Panel& q) {
