@@ -340,7 +340,7 @@ class _Fold:
 
     residual: str = ""
     activation: str = ""
-    bounds: tuple[str, str] | None = None  # Clip's min and max initializers
+    bounds: tuple[str, str] | None = None  # Clip's min and max (initializers or Constant nodes)
     absorbed: tuple[NodeProto, ...] = ()
     output: str = ""
 
@@ -353,9 +353,15 @@ class _Graph:
         self.inits = inits
         self.outputs = {o.name for o in graph.output}
         self.readers: dict[str, list[NodeProto]] = {}
+        # Constant nodes' tensors: torch exports ReLU6 as Clip(x, min, max) with each bound a
+        # Constant node, not an initializer
+        self.constant_nodes: dict[str, TensorProto] = {}
         for n in graph.node:
             for name in node_reads(n):
                 self.readers.setdefault(name, []).append(n)
+            if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.attribute) == 1 \
+                    and n.attribute[0].name == "value" and n.attribute[0].HasField("t"):
+                self.constant_nodes[n.output[0]] = n.attribute[0].t
         self.taken: set[int] = set()  # nodes already folded into a product
 
     def only_reader(self, name: str) -> NodeProto | None:
@@ -365,9 +371,11 @@ class _Graph:
         return found[0] if found[0].domain in ("", "ai.onnx") else None
 
     def scalar(self, name: str) -> float | None:
-        if name not in self.inits:
+        """The value of a float32 scalar initializer or Constant node."""
+        tensor = self.inits.get(name) or self.constant_nodes.get(name)
+        if tensor is None:
             return None
-        value = tensor_value(name, lambda: numpy_helper.to_array(self.inits[name]))
+        value = tensor_value(name, lambda: numpy_helper.to_array(tensor))
         return float(value) if value.size == 1 and value.dtype == np.float32 else None
 
 
