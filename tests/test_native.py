@@ -389,7 +389,7 @@ def _conv_call(x, hwio, b, r, act, threads, strides, pads, dilations):
             x, wp, b, r, threads=i64(threads), act=i64(native_rule.ACTIVATIONS[act]),
             lo=np.float32(-0.5), hi=np.float32(1.5), kh=i64(kh), kw=i64(kw), sh=i64(strides[0]),
             sw=i64(strides[1]), dh=i64(dilations[0]), dw=i64(dilations[1]), pt=i64(pads[0]),
-            pl=i64(pads[1]))
+            pl=i64(pads[1]), groups=i64(1))
 
     device = cpu_client.inline_device()
     args = [jax.device_put(a, device) for a in (x, native.pack(hwio.reshape(-1, m)), b, residual)]
@@ -502,8 +502,9 @@ def test_pass_takes_convolutions_and_agrees_with_onnxruntime(monkeypatch: pytest
     # the stem (3 channels: XLA's fused taps) and the padded 1x1 (PadAheadPass's producer) stay
     assert len([n for n in planned.graph.node if n.op_type == "Conv"]) == 2
     b = next(n for n in planned.graph.node if n.op_type == "ConvHardSwish")
-    assert {a.name: list(a.ints) for a in b.attribute} == {
-        "kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 0, 1, 1], "dilations": [1, 1]}
+    assert {a.name: list(a.ints) if a.ints else a.i for a in b.attribute} == {
+        "kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 0, 1, 1], "dilations": [1, 1],
+        "group": 1}
     _agrees(model, planned, RNG.standard_normal((1, 3, 20, 20)).astype(np.float32))  # Conv between transposes
 
 
@@ -560,7 +561,7 @@ def test_executor_counts_the_conv_kernels_flops() -> None:
         return jax.ffi.ffi_call(native.CONV_TARGET, out)(
             x, w, b, jnp.zeros((0,), jnp.float32), threads=i64(2), act=i64(0), lo=np.float32(0),
             hi=np.float32(0), kh=i64(3), kw=i64(3), sh=i64(2), sw=i64(2), dh=i64(1), dw=i64(1),
-            pt=i64(1), pl=i64(1)) + 1
+            pt=i64(1), pl=i64(1), groups=i64(1)) + 1
 
     lowered = jax.jit(f).lower(jnp.zeros((1, 56, 56, 32)), jnp.zeros((2, 288, 32)), jnp.zeros(64))
     assert _native_flops(lowered) == 2 * 28 * 28 * 64 * 288
@@ -637,7 +638,7 @@ def test_depthwise_epilogues(act: str, pre: str | None) -> None:
 
 def _dw_net(size: int = 24) -> onnx.ModelProto:
     """Depthwise convolutions followed by Relu, Clip and nothing, one with a channel multiplier
-    of 2 (XLA's) and a grouped one (XLA's)."""
+    of 2 (XLA's) and a grouped one (16 channels a group: the convolution kernel's)."""
     c = 32
     inits = [numpy_helper.from_array(np.float32(0.0), "lo"), numpy_helper.from_array(np.float32(6.0), "hi")]
 
@@ -667,8 +668,9 @@ def test_depthwise_pass_agrees_with_onnxruntime(monkeypatch: pytest.MonkeyPatch)
     model = _dw_net()
     planned = _planned(model)
     kinds = [n.op_type for n in planned.graph.node if n.domain == native_rule.DOMAIN]
-    assert kinds == ["DepthwiseRelu", "DepthwiseClip", "Depthwise"]
-    assert len([n for n in planned.graph.node if n.op_type == "Conv"]) == 2  # multiplier 2, groups
+    assert kinds == ["DepthwiseRelu", "DepthwiseClip", "Conv", "Depthwise"]
+    assert len([n for n in planned.graph.node if n.op_type == "Conv"
+                and n.domain != native_rule.DOMAIN]) == 1  # multiplier 2
     x = RNG.standard_normal((1, 32, 24, 24)).astype(np.float32)
     want = _agrees(model, planned, x)
     data = model.SerializeToString()
@@ -717,9 +719,57 @@ def test_clip_bounds_from_constant_nodes_fold_like_initializers(monkeypatch: pyt
     model = _bounds_as_constant_nodes(_dw_net())
     planned = _planned(model)
     assert [n.op_type for n in planned.graph.node if n.domain == native_rule.DOMAIN] \
-        == ["DepthwiseRelu", "DepthwiseClip", "Depthwise"]
+        == ["DepthwiseRelu", "DepthwiseClip", "Conv", "Depthwise"]
     assert not any(n.op_type == "Clip" for n in planned.graph.node)
     _agrees(model, planned, RNG.standard_normal((1, 32, 24, 24)).astype(np.float32))
+
+
+def _grouped_net(size: int) -> onnx.ModelProto:
+    """Grouped convolutions of 4, 8, 16, 32 and 64 output channels per group (strided, padded,
+    with Relu, Clip and a residual Add after them), one of 12 per group and one of one input
+    channel per group (XLA's both)."""
+    inits = [numpy_helper.from_array(np.float32(0.0), "lo"), numpy_helper.from_array(np.float32(1.5), "hi")]
+
+    def conv(name: str, x: str, cin: int, cout: int, group: int, **attrs: Any) -> onnx.NodeProto:
+        inits.append(numpy_helper.from_array(
+            (RNG.standard_normal((cout, cin // group, 3, 3)) / np.sqrt(9 * cin / group)).astype(np.float32),
+            f"{name}_w"))
+        inits.append(numpy_helper.from_array(RNG.standard_normal(cout).astype(np.float32), f"{name}_b"))
+        return helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [name], kernel_shape=[3, 3],
+                                group=group, **attrs)
+
+    same = {"pads": [1, 1, 1, 1]}
+    nodes = [conv("a", "x", 64, 64, 16, **same), helper.make_node("Relu", ["a"], ["a_r"]),         # 4 a group
+             conv("b", "a_r", 64, 128, 8, strides=[2, 2], pads=[1, 0, 1, 2]),                    # 8 from 16
+             helper.make_node("Clip", ["b", "lo", "hi"], ["b_c"]),
+             conv("c", "b_c", 128, 128, 8, **same), helper.make_node("Add", ["c", "b_c"], ["c_a"]),  # 16
+             conv("d", "c_a", 128, 128, 4, **same),                                              # 32
+             conv("e", "d", 128, 128, 2, dilations=[2, 2], pads=[2, 2, 2, 2]),                   # 64
+             conv("f", "e", 128, 96, 8, **same),                                                 # 12: XLA
+             conv("g", "f", 96, 96, 96, **same)]                                                 # depthwise
+    half = (size + 1) // 2
+    return _model(nodes, (1, 64, size, size), {"g": (1, 96, half, half)}, inits)
+
+
+@needs_kernel
+@pytest.mark.parametrize("size", [6, 20])
+def test_grouped_convolutions_run_on_the_conv_kernel_by_panels(monkeypatch: pytest.MonkeyPatch,
+                                                               size: int) -> None:
+    """Grouped convolutions with whole panels per kernel group (the model's groups packed NR / 4,
+    NR / 8 and NR / 16 at a time, or one per group at 32 and 64) agree with onnxruntime, their
+    function bodies too; at 6x6 the kernel's parts split W's panels, at 20x20 the rows."""
+    monkeypatch.setattr(native_gemm, "DEPTHWISE_MIN_FLOPS", 1e30)
+    monkeypatch.setattr(native_gemm, "POOLED_DEPTHWISE_MIN_FLOPS", 1e30)
+    model = _grouped_net(size)
+    planned = _planned(model)
+    kinds = [(n.op_type, next(a.i for a in n.attribute if a.name == "group"))
+             for n in planned.graph.node if n.domain == native_rule.DOMAIN]
+    assert kinds == [("ConvRelu", 2), ("ConvClip", 4), ("ConvAdd", 4), ("Conv", 4), ("Conv", 2)]
+    assert [next(a.i for a in n.attribute if a.name == "group")
+            for n in planned.graph.node if n.op_type == "Conv" and n.domain != native_rule.DOMAIN] == [8, 96]
+    _agrees(model, planned, RNG.standard_normal((1, 64, size, size)).astype(np.float32))
+    monkeypatch.setattr(native_gemm, "GROUPED", False)
+    assert not [n for n in _planned(model).graph.node if n.domain == native_rule.DOMAIN]
 
 
 @needs_kernel
@@ -748,6 +798,7 @@ def test_a_model_of_small_kernels_has_every_depthwise_and_1x1_convolution_on_the
     depthwise convolutions on the kernel whatever DEPTHWISE_ISAS and the other bounds say,
     and its 1x1 ones whatever MIN_FLOPS says; results agree with onnxruntime."""
     monkeypatch.undo()  # this module plans as for large kernels; here the rule itself decides
+    monkeypatch.setattr(native_gemm, "GROUPED", False)  # _dw_net's grouped layer: its own test
     monkeypatch.setattr(native_gemm, "DEPTHWISE_ISAS", frozenset())
     monkeypatch.setattr(native_gemm, "MIN_FLOPS", 1e30)
     monkeypatch.setattr(native_gemm, "DEPTHWISE_MIN_FLOPS", 1e30)

@@ -816,9 +816,10 @@ struct ConvJob {
   const float* bias;
   const float* residual;  // nullptr, or R with Y's shape
   float* Y;
-  int64_t N, H, W, C, OH, OW, M;  // M: output channels
+  int64_t N, H, W, C, OH, OW, M;  // M: output channels; C: channels a group reads
   int64_t KH, KW, sh, sw, dh, dw, pt, pl;
   int64_t K, rows, blocks;
+  int64_t groups = 1, CX;  // groups of C input and M / groups output channels; CX = groups C
   int64_t act;
   float lo, hi;
   uint64_t call;  // this call's number (conv_calls): a thread's im2col rows of it are kept
@@ -840,12 +841,12 @@ inline void copy_floats(float* d, const float* s, int64_t n) {
   }
 }
 
-// The im2col rows of output pixels [m0, m0 + r), each K floats, into dst.
-void im2col_rows(const ConvJob& j, int64_t m0, int r, float* dst) {
+// The im2col rows of output pixels [m0, m0 + r), each K floats, into dst: group g's channels.
+void im2col_rows(const ConvJob& j, int64_t m0, int r, float* dst, int64_t g = 0) {
   const int64_t ohw = j.OH * j.OW, wc = j.KW * j.C;
   for (int i = 0; i < r; ++i) {
     int64_t m = m0 + i, n = m / ohw, p = m % ohw, oh = p / j.OW, ow = p % j.OW;
-    const float* xn = j.X + n * j.H * j.W * j.C;
+    const float* xn = j.X + n * j.H * j.W * j.CX + g * j.C;
     float* d = dst + i * j.K;
     int64_t iw0 = ow * j.sw - j.pl;
     bool inside = iw0 >= 0 && iw0 + (j.KW - 1) * j.dw < j.W;
@@ -855,14 +856,14 @@ void im2col_rows(const ConvJob& j, int64_t m0, int r, float* dst) {
         copy_floats(d, nullptr, wc);
         continue;
       }
-      const float* xr = xn + ih * j.W * j.C;
-      if (inside && j.dw == 1) {
+      const float* xr = xn + ih * j.W * j.CX;
+      if (inside && j.dw == 1 && j.groups == 1) {
         copy_floats(d, xr + iw0 * j.C, wc);
         continue;
       }
       for (int64_t b = 0; b < j.KW; ++b) {
         int64_t iw = iw0 + b * j.dw;
-        copy_floats(d + b * j.C, iw < 0 || iw >= j.W ? nullptr : xr + iw * j.C, j.C);
+        copy_floats(d + b * j.C, iw < 0 || iw >= j.W ? nullptr : xr + iw * j.CX, j.C);
       }
     }
   }
@@ -890,24 +891,32 @@ void conv_range(const ConvJob& j, int64_t b0, int64_t b1, int64_t p0, int64_t p1
   // kernel alone at two threads against the build before: 512 -> 512 at 7x7 0.90x and 0.95x the
   // time, 256 -> 256 0.93x; one thread equal.
   thread_local uint64_t buf_call = 0;  // the call whose every block buf holds (0: none)
-  bool whole = b0 == 0 && b1 == j.blocks && group == b1;
+  bool whole = b0 == 0 && b1 == j.blocks && group == b1 && j.groups == 1;
   bool kept = whole && buf_call == j.call;
   buf_call = whole ? j.call : 0;  // a part runs to its end on this thread
   buf.resize((size_t)(group * MR * j.K));
+  // a grouped convolution: each group's output channels are whole panels (the pass packs them
+  // so), read from that group's im2col rows
+  int64_t per = j.groups > 1 ? j.M / j.groups / NR : p1 > 0 ? p1 : 1;
   for (int64_t g0 = b0; g0 < b1; g0 += group) {
     int64_t g1 = g0 + group < b1 ? g0 + group : b1;
-    for (int64_t b = g0; b < g1 && !kept; ++b)
-      im2col_rows(j, j.row(b), (int)(j.row(b + 1) - j.row(b)), buf.data() + (b - g0) * MR * j.K);
-    for (int64_t i = 0; i < nk; ++i) {
-      KBlock kb = k_block(j.K, nk, i);
-      each_span(j.M, p0, p1, [&](const Panel& q) {
-        for (int64_t b = g0; b < g1; ++b) {
-          int64_t r0 = j.row(b);
-          tile_rows((int)(j.row(b + 1) - r0), j.K, kb, buf.data() + (b - g0) * MR * j.K, j.K,
-                    nullptr, j.Bp, q, j.bias, j.Y + r0 * j.M, j.M,
-                    j.residual ? j.residual + r0 * j.M : nullptr, j.act, j.lo, j.hi);
-        }
-      });
+    for (int64_t s = p0 / per, q0 = p0; q0 < p1; ++s) {
+      int64_t q1 = (s + 1) * per < p1 ? (s + 1) * per : p1;
+      for (int64_t b = g0; b < g1 && !kept; ++b)
+        im2col_rows(j, j.row(b), (int)(j.row(b + 1) - j.row(b)),
+                    buf.data() + (b - g0) * MR * j.K, s);
+      for (int64_t i = 0; i < nk; ++i) {
+        KBlock kb = k_block(j.K, nk, i);
+        each_span(j.M, q0, q1, [&](const Panel& q) {
+          for (int64_t b = g0; b < g1; ++b) {
+            int64_t r0 = j.row(b);
+            tile_rows((int)(j.row(b + 1) - r0), j.K, kb, buf.data() + (b - g0) * MR * j.K, j.K,
+                      nullptr, j.Bp, q, j.bias, j.Y + r0 * j.M, j.M,
+                      j.residual ? j.residual + r0 * j.M : nullptr, j.act, j.lo, j.hi);
+          }
+        });
+      }
+      q0 = q1;
     }
   }
 }
@@ -925,14 +934,18 @@ ffi::Error Sconv(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi:
                  ffi::Buffer<ffi::F32> bias, ffi::Buffer<ffi::F32> residual,
                  ffi::ResultBuffer<ffi::F32> y, int64_t threads, int64_t act, float lo, float hi,
                  int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
-                 int64_t pt, int64_t pl) {
+                 int64_t pt, int64_t pl, int64_t groups) {
   auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
   if (xd.size() != 4 || wd.size() != 3 || wd[2] != NR || yd.size() != 4 || xd[0] != yd[0])
     return ffi::Error::InvalidArgument("oxla_sconv: operand ranks");
   if (kh < 1 || kw < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 || pt < 0 || pl < 0)
     return ffi::Error::InvalidArgument("oxla_sconv: window");
+  // groups > 1: X's channels and Y's in `groups` equal groups, each group's Y whole panels
+  if (groups < 1 || xd[3] % groups != 0 ||
+      (groups > 1 && (yd[3] % groups != 0 || (yd[3] / groups) % NR != 0)))
+    return ffi::Error::InvalidArgument("oxla_sconv: groups");
   ConvJob j;
-  j.N = xd[0]; j.H = xd[1]; j.W = xd[2]; j.C = xd[3];
+  j.N = xd[0]; j.H = xd[1]; j.W = xd[2]; j.CX = xd[3]; j.groups = groups; j.C = xd[3] / groups;
   j.OH = yd[1]; j.OW = yd[2]; j.M = yd[3];
   j.KH = kh; j.KW = kw; j.sh = sh; j.sw = sw; j.dh = dh; j.dw = dw; j.pt = pt; j.pl = pl;
   j.K = kh * kw * j.C;
@@ -2349,7 +2362,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(OxlaSconv, Sconv,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()   // X (N, H, W, C)
-                                  .Arg<ffi::Buffer<ffi::F32>>()   // W packed (P, KH KW C, 32)
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // W packed (P, KH KW C / groups, 32)
                                   .Arg<ffi::Buffer<ffi::F32>>()   // bias (M,)
                                   .Arg<ffi::Buffer<ffi::F32>>()   // residual: Y's shape, or (0,)
                                   .Ret<ffi::Buffer<ffi::F32>>()   // Y (N, OH, OW, M)
@@ -2364,7 +2377,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(OxlaSconv, Sconv,
                                   .Attr<int64_t>("dh")
                                   .Attr<int64_t>("dw")
                                   .Attr<int64_t>("pt")
-                                  .Attr<int64_t>("pl"));
+                                  .Attr<int64_t>("pl")
+                                  .Attr<int64_t>("groups"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(OxlaSwino, Swino,
                               ffi::Ffi::Bind()
@@ -2405,7 +2419,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(OxlaSstem, Sstem,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()   // X (N, C, H, W) or (N, H, W, C)
-                                  .Arg<ffi::Buffer<ffi::F32>>()   // W packed (P, KH KW C, 32)
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // W packed (P, KH KW C / groups, 32)
                                   .Arg<ffi::Buffer<ffi::F32>>()   // bias (M,)
                                   .Ret<ffi::Buffer<ffi::F32>>()   // Y (N, ot + OH + ob, ...)
                                   .Attr<int64_t>("threads")

@@ -153,26 +153,34 @@ def _gemm(cx, x, w, b, r, activation: str, lo: float = 0.0, hi: float = 0.0):
 
 
 def _conv(cx, x, w, b, r, activation: str, lo: float, hi: float, kernel_shape, strides, pads,
-          dilations):
+          dilations, group: int = 1):
+    """Conv*: W packed as the kernel reads it; with `group` > 1 X's channels and Y's in that many
+    equal groups, each group's Y whole panels of W (NativeGemmPass packs a grouped convolution's
+    groups so, several of the model's groups in one where they are narrower than a panel)."""
     n = b.shape[0]
     (kh, kw), (sh, sw), (pt, pl, pb, pr), (dh, dw) = _conv_window(cx, w, b, kernel_shape, strides,
                                                                   pads, dilations)
+    group = int(group)
+    if group < 1 or (group > 1 and (n % group or (n // group) % native.NR)):
+        raise cx.fail(f"group {group} does not split the {n} output channels into whole panels "
+                      f"of {native.NR}; this node was not made by oxla's planner")
     c = w.shape[1] // (kh * kw)
-    if x.ndim != 4 or x.shape[-1] != c or c * kh * kw != w.shape[1]:
-        raise cx.shape_error(f"X {tuple(x.shape)} is not (N, H, W, {c}) as the {kh}x{kw} kernel "
-                             f"reads; check the model's Conv input")
+    if x.ndim != 4 or x.shape[-1] != c * group or c * kh * kw != w.shape[1]:
+        raise cx.shape_error(f"X {tuple(x.shape)} is not (N, H, W, {c * group}) as the {kh}x{kw} "
+                             f"kernel reads; check the model's Conv input")
     oh, ow = _out_sizes(cx, x, (kh, kw), (sh, sw), (pt, pl, pb, pr), (dh, dw))
     shape = (x.shape[0], oh, ow, n)
     _check_residual(cx, r, shape, "convolution's")
     if x.dtype == jnp.float32 and native.available():
         return _kernel_call(
             cx, native.CONV_TARGET, shape, x, w, b, r, activation, lo, hi,
-            lambda: _conv(cx, x, w, b, None, "", 0.0, 0.0, kernel_shape, strides, pads, dilations),
-            kh=kh, kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, pt=pt, pl=pl)
+            lambda: _conv(cx, x, w, b, None, "", 0.0, 0.0, kernel_shape, strides, pads, dilations,
+                          group),
+            kh=kh, kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, pt=pt, pl=pl, groups=group)
     hwio = jnp.transpose(w, (1, 0, 2)).reshape((w.shape[1], -1))[:, :n].reshape((kh, kw, c, n))
     y = lax.conv_general_dilated(x, hwio.astype(x.dtype), (sh, sw), [(pt, pb), (pl, pr)],
-                                 rhs_dilation=(dh, dw),
-                                 dimension_numbers=("NHWC", "HWIO", "NHWC")) + b.astype(x.dtype)
+                                 rhs_dilation=(dh, dw), dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                 feature_group_count=group) + b.astype(x.dtype)
     if r is not None:
         y = y + r.astype(y.dtype)
     return _epilogue(y, activation, lo, hi)
@@ -234,26 +242,26 @@ def _register_conv(residual: bool, activation: str) -> None:
     if activation == "Clip":
         if residual:
             def fn(cx, x, w, b, r, lo, hi, *, kernel_shape=None, strides=None, pads=None,
-                   dilations=None):
+                   dilations=None, group=1):
                 return _conv(cx, x, w, b, r, "Clip", float(cx.static(lo)), float(cx.static(hi)),
-                             kernel_shape, strides, pads, dilations)
+                             kernel_shape, strides, pads, dilations, group)
         else:
             def fn(cx, x, w, b, lo, hi, *, kernel_shape=None,  # type: ignore[misc]
-                   strides=None, pads=None, dilations=None):
+                   strides=None, pads=None, dilations=None, group=1):
                 return _conv(cx, x, w, b, None, "Clip", float(cx.static(lo)),
-                             float(cx.static(hi)), kernel_shape, strides, pads, dilations)
+                             float(cx.static(hi)), kernel_shape, strides, pads, dilations, group)
         rule(name, since=1, domain=DOMAIN, static=("lo", "hi"))(fn)
     elif residual:
         def fn_r(cx, x, w, b, r, *, kernel_shape=None, strides=None, pads=None,
-                 dilations=None):
+                 dilations=None, group=1):
             return _conv(cx, x, w, b, r, activation, 0.0, 0.0, kernel_shape, strides, pads,
-                         dilations)
+                         dilations, group)
         rule(name, since=1, domain=DOMAIN)(fn_r)
     else:
         def fn_p(cx, x, w, b, *, kernel_shape=None, strides=None, pads=None,
-                 dilations=None):
+                 dilations=None, group=1):
             return _conv(cx, x, w, b, None, activation, 0.0, 0.0, kernel_shape, strides, pads,
-                         dilations)
+                         dilations, group)
         rule(name, since=1, domain=DOMAIN)(fn_p)
 
 
