@@ -46,7 +46,7 @@ from benchmarks.run import write_results
 from oxla import native
 
 FORMS = ("native", "taps", "taps_flat", "dot", "split", "native_last", "taps_last", "dot_last",
-         "stem_taps_last", "native_dw_last")
+         "stem_taps_last", "native_dw_last", "native_grouped_last")
 # ConvTranspose rows: XLA's lhs-dilated convolution (what conv.py does unless kernel == stride) and
 # conv_forms.transposed_dot channels first and last
 TRANSPOSED_FORMS = ("dilated", "transposed_dot", "transposed_dot_last")
@@ -178,6 +178,8 @@ def _forms(s: Shape) -> list[str]:
         out += ["stem_taps_last"]
     if s.c == s.group == s.m and native.available():
         out += ["native_dw_last"]
+    if 1 < s.group < s.c and native.available():
+        out += ["native_grouped_last"]
     return out
 
 
@@ -199,6 +201,37 @@ def _native_dw_last(s: Shape, threads: int) -> Callable[..., Any]:
                               (p, p), (1, 1), 1 if threads == 1 else cores())
 
     return jax.jit(form)
+
+
+def _native_grouped_last(s: Shape, w: np.ndarray, threads: int) -> Callable[..., Any] | None:
+    """oxla's convolution kernel on a grouped convolution as sessions run it (its groups packed by
+    native_gemm.grouped_kernel from W (M, C / group, K, K)), on channels-last X; None where
+    sessions leave the shape to XLA."""
+    import jax
+
+    from oxla.cpu_client import cores
+    from oxla.lowering.ops import conv_forms as F
+    from oxla.passes import native_gemm
+
+    kernel = native_gemm.grouped_kernel(w.transpose(2, 3, 1, 0), s.group)
+    if kernel is None or not native_gemm.GROUPED:
+        return None
+    k, p = s.k, s.k // 2
+    oh, ow = F.out_sizes((s.size,) * 2, [(p, p)] * 2, (k, k), (s.stride,) * 2, (1, 1))
+    packed = native.pack(kernel)
+    packed = packed.reshape((-1, *packed.shape[2:]))
+    out = jax.ShapeDtypeStruct((1, oh, ow, s.m), np.float32)
+    i64 = np.int64
+
+    def form(x: Any, wp: Any) -> Any:
+        return jax.ffi.ffi_call(native.CONV_TARGET, out)(
+            x, wp, np.zeros(s.m, np.float32), np.zeros((0,), np.float32),
+            threads=i64(1 if threads == 1 else cores()), act=i64(0), lo=np.float32(0),
+            hi=np.float32(0), kh=i64(k), kw=i64(k), sh=i64(s.stride), sw=i64(s.stride), dh=i64(1),
+            dw=i64(1), pt=i64(p), pl=i64(p), groups=i64(kernel.shape[0]))
+
+    f = jax.jit(form)
+    return lambda x: f(x, packed)
 
 
 # wall: time.perf_counter; cpu: this process's CPU time (all its threads), which other processes
@@ -262,6 +295,11 @@ def _candidates(s: Shape, x: np.ndarray, w: np.ndarray, threads: int) -> dict[st
             f = _native_dw_last(s, threads)
             calls[name] = lambda f=f: f(xl, wh).block_until_ready()
             continue
+        if name == "native_grouped_last":
+            g = _native_grouped_last(s, w, threads)
+            if g is not None:
+                calls[name] = lambda g=g: g(xl).block_until_ready()
+            continue
         form = _transposed_form(name, s) if s.kind == "transposed" else functools.partial(
             getattr(F, name), strides=(s.stride,) * 2, padding=[(s.k // 2,) * 2] * 2,
             dilations=(1, 1), group=s.group)
@@ -300,7 +338,8 @@ def _chosen(s: Shape, w_shape: tuple[int, ...], threads: int) -> tuple[str, str]
     DEPTHWISE_ISAS (oxla.passes.native_gemm.depthwise_to_native): on several cores from
     POOLED_DEPTHWISE_MIN_FLOPS, on one core (where ONE_CORE_DEPTHWISE says so) from
     DEPTHWISE_MIN_FLOPS. (In a model of small kernels, `small_kernels`, from
-    SMALL_DEPTHWISE_MIN_FLOPS on any instruction set.)"""
+    SMALL_DEPTHWISE_MIN_FLOPS on any instruction set.) Grouped convolutions the convolution
+    kernel takes (native_gemm.grouped_kernel) run there at any thread setting."""
     from oxla.cpu_client import cores
     from oxla.lowering.ops import conv_forms as F
     from oxla.passes import native_gemm
@@ -316,6 +355,10 @@ def _chosen(s: Shape, w_shape: tuple[int, ...], threads: int) -> tuple[str, str]
             and native.isa() in native_gemm.DEPTHWISE_ISAS and flops >= (
                 native_gemm.POOLED_DEPTHWISE_MIN_FLOPS if several else native_gemm.DEPTHWISE_MIN_FLOPS):
         return F.choose(*geometry).__name__, "native_dw_last"
+    if 1 < s.group < s.c and native.available() and native_gemm.GROUPED \
+            and native_gemm.grouped_kernel(np.zeros((s.k, s.k, *w_shape[1::-1]), np.float32),
+                                           s.group) is not None:
+        return F.choose(*geometry).__name__, "native_grouped_last"
     return F.choose(*geometry).__name__, F.choose_last(*geometry).__name__
 
 

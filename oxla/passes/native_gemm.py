@@ -497,14 +497,22 @@ def _grouped_product(node: NodeProto, producers: dict[str, NodeProto],
     if group < 2 or found is None or found[0].ndim != 4 or found[0].dtype != np.float32:
         return None
     hwio, names = found
+    kernel = grouped_kernel(hwio, group)
+    window = _window(node, hwio.shape[:2], group)
+    plain, b = _bias(node, inits, hwio.shape[3])
+    if kernel is None or window is None or not plain:
+        return None
+    return kernel, names, b, {**window, "group": kernel.shape[0]}
+
+
+def grouped_kernel(hwio: np.ndarray, group: int) -> np.ndarray | None:
+    """A grouped convolution's HWIO W (KH, KW, C / group, M) as the convolution kernel's groups,
+    (S, KH KW C / S, M / S) (`native.pack` each), or None where the kernel does not take it
+    (GROUPED_MIN_CHANNELS, whole panels, more than one input channel per group)."""
     kh, kw, cg, m = hwio.shape
     mg = m // group
     if cg < 2 or mg * group != m or mg < GROUPED_MIN_CHANNELS \
             or (native.NR % mg if mg < native.NR else mg % native.NR):
-        return None
-    window = _window(node, (kh, kw), group)
-    plain, b = _bias(node, inits, m)
-    if window is None or not plain:
         return None
     per = max(1, native.NR // mg)  # the model's groups in one of the kernel's
     if group % per:
@@ -514,7 +522,7 @@ def _grouped_product(node: NodeProto, producers: dict[str, NodeProto],
     for g in range(group):
         s, i = divmod(g, per)
         dense[s, :, :, i * cg:(i + 1) * cg, i * mg:(i + 1) * mg] = hwio[..., g * mg:(g + 1) * mg]
-    return dense.reshape((groups, -1, width)), names, b, {**window, "group": groups}
+    return dense.reshape((groups, -1, width))
 
 
 def _rewriting(model: ModelProto, inits: dict[str, TensorProto]
