@@ -505,6 +505,14 @@ def _grouped_product(node: NodeProto, producers: dict[str, NodeProto],
     return kernel, names, b, {**window, "group": kernel.shape[0]}
 
 
+def takes_grouped(model: ModelProto) -> set[str]:
+    """The outputs of the main graph's grouped Convs that convs_to_native would put on the
+    convolution kernel (`_grouped_product`), whatever their flops."""
+    _, inits, producers = _tables(model)
+    return {n.output[0] for n in model.graph.node
+            if _grouped_product(n, producers, inits) is not None}
+
+
 def grouped_kernel(hwio: np.ndarray, group: int) -> np.ndarray | None:
     """A grouped convolution's HWIO W (KH, KW, C / group, M) as the convolution kernel's groups,
     (S, KH KW C / S, M / S) (`native.pack` each), or None where the kernel does not take it
