@@ -53,6 +53,8 @@ MODELS: dict[str, tuple[str, str]] = {
     "shufflenetv2": ("ShuffleNetV2 x1.0 224", "mobile CNN"),
     "efficientnet_b0": ("EfficientNet-B0 224", "mobile CNN"),
     "resnet50": ("ResNet-50 224", "CNN"),
+    "mobilenetv2": ("MobileNetV2 224 (ReLU6)", "mobile CNN"),
+    "resnext50": ("ResNeXt-50 32x4d 224", "grouped CNN"),
     "dbnet": ("DBNet-style segmenter 320 (ResNet-18 FPN)", "segmentation"),
     "detector_nms": ("SSD-style detector 320 + NMS", "detection"),
     "gru_text": ("bi-GRU text classifier (2x256, seq 50)", "RNN"),

@@ -71,6 +71,70 @@ class ResNet50(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
 
 
+# --- ResNeXt-50 32x4d (torchvision layout: ResNet-50's with a grouped 3x3, width x2) -------------
+
+class XBottleneck(nn.Module):
+    def __init__(self, cin: int, width: int, cout: int, stride: int, groups: int = 32) -> None:
+        super().__init__()
+        self.body = nn.Sequential(_bn_relu(cin, width, 1), _bn_relu(width, width, 3, stride, groups),
+                                  _bn_relu(width, cout, 1, act=None))
+        self.down = (_bn_relu(cin, cout, 1, stride, act=None) if stride != 1 or cin != cout
+                     else nn.Identity())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.body(x) + self.down(x))
+
+
+class ResNeXt50(nn.Module):
+    def __init__(self, classes: int = 1000) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [_bn_relu(3, 64, 7, 2), nn.MaxPool2d(3, 2, 1)]
+        cin = 64
+        for stage, (blocks, width) in enumerate(zip((3, 4, 6, 3), (128, 256, 512, 1024))):
+            for i in range(blocks):
+                layers.append(XBottleneck(cin, width, width * 2, 2 if i == 0 and stage > 0 else 1))
+                cin = width * 2
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(cin, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
+
+
+# --- MobileNetV2 (torchvision's config: ReLU6, which torch exports as Clip with Constant bounds) ---
+
+class InvertedResidual(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:
+        super().__init__()
+        hidden = cin * expand
+        layers: list[nn.Module] = [] if expand == 1 else [_bn_relu(cin, hidden, 1, act=nn.ReLU6)]
+        layers += [_bn_relu(hidden, hidden, 3, stride, hidden, act=nn.ReLU6),
+                   _bn_relu(hidden, cout, 1, act=None)]
+        self.body = nn.Sequential(*layers)
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.body(x) if self.residual else self.body(x)
+
+
+class MobileNetV2(nn.Module):
+    def __init__(self, classes: int = 1000) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [_bn_relu(3, 32, 3, 2, act=nn.ReLU6)]
+        cin = 32
+        for expand, cout, blocks, stride in ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
+                                             (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)):
+            for i in range(blocks):
+                layers.append(InvertedResidual(cin, cout, stride if i == 0 else 1, expand))
+                cin = cout
+        layers.append(_bn_relu(cin, 1280, 1, act=nn.ReLU6))
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(1280, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
+
+
 # --- MobileNetV3-small (torchvision's config: hardswish, SE with hardsigmoid, depthwise) ---------
 
 class SqueezeExcite(nn.Module):
@@ -375,6 +439,8 @@ SUITE: dict[str, Spec] = {
     "shufflenetv2": (ShuffleNetV2, _image, ["logits"], {}),
     "efficientnet_b0": (EfficientNetB0, _image, ["logits"], {}),
     "resnet50": (ResNet50, _image, ["logits"], {}),
+    "mobilenetv2": (MobileNetV2, _image, ["logits"], {}),
+    "resnext50": (ResNeXt50, _image, ["logits"], {}),
     "gru_text": (GRUText, lambda: {"ids": np.random.default_rng(0).integers(0, 20000, (1, 50))},
                  ["logits"], {}),
     "detector_nms": (Detector, lambda: _image(320), ["selected", "boxes", "scores"], {}),
