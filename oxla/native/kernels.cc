@@ -819,7 +819,9 @@ struct ConvJob {
   int64_t N, H, W, C, OH, OW, M;  // M: output channels; C: channels a group reads
   int64_t KH, KW, sh, sw, dh, dw, pt, pl;
   int64_t K, rows, blocks;
-  int64_t groups = 1, CX;  // groups of C input and M / groups output channels; CX = groups C
+  // groups of C input and MS = M / groups output channels (CX = groups C), each group's W its own
+  // PP panels (the last one's columns past MS zero): PANELS = groups PP
+  int64_t groups = 1, CX, MS, PP, PANELS;
   int64_t act;
   float lo, hi;
   uint64_t call;  // this call's number (conv_calls): a thread's im2col rows of it are kept
@@ -895,26 +897,31 @@ void conv_range(const ConvJob& j, int64_t b0, int64_t b1, int64_t p0, int64_t p1
   bool kept = whole && buf_call == j.call;
   buf_call = whole ? j.call : 0;  // a part runs to its end on this thread
   buf.resize((size_t)(group * MR * j.K));
-  // a grouped convolution: each group's output channels are whole panels (the pass packs them
-  // so), read from that group's im2col rows
-  int64_t per = j.groups > 1 ? j.M / j.groups / NR : p1 > 0 ? p1 : 1;
+  // W's panels [p0, p1) group by group (one group: all of them), each group's from its own
+  // im2col rows; a group's panel i is its columns [32 i, 32 i + 32) of MS (fewer in its last),
+  // at Y's columns s MS + 32 i (tile_rows reads W at Bp + n0 K: shifted to the packed panel)
   for (int64_t g0 = b0; g0 < b1; g0 += group) {
     int64_t g1 = g0 + group < b1 ? g0 + group : b1;
-    for (int64_t s = p0 / per, q0 = p0; q0 < p1; ++s) {
-      int64_t q1 = (s + 1) * per < p1 ? (s + 1) * per : p1;
+    for (int64_t q0 = p0; q0 < p1;) {
+      int64_t s = q0 / j.PP, q1 = (s + 1) * j.PP < p1 ? (s + 1) * j.PP : p1;
       for (int64_t b = g0; b < g1 && !kept; ++b)
         im2col_rows(j, j.row(b), (int)(j.row(b + 1) - j.row(b)),
                     buf.data() + (b - g0) * MR * j.K, s);
-      for (int64_t i = 0; i < nk; ++i) {
-        KBlock kb = k_block(j.K, nk, i);
-        each_span(j.M, q0, q1, [&](const Panel& q) {
+      for (int64_t k = 0; k < nk; ++k) {
+        KBlock kb = k_block(j.K, nk, k);
+        for (int64_t p = q0; p < q1;) {
+          int64_t i = p - s * j.PP;
+          Panel q{s * j.MS + i * NR, j.MS - i * NR < NR ? j.MS - i * NR : NR};
+          if (L == 16 && p + 1 < q1 && (i + 2) * NR <= j.MS) q.nc = 2 * NR;  // span_of's pairs
+          const float* bp = j.Bp + (p * NR - q.n0) * j.K;
           for (int64_t b = g0; b < g1; ++b) {
             int64_t r0 = j.row(b);
             tile_rows((int)(j.row(b + 1) - r0), j.K, kb, buf.data() + (b - g0) * MR * j.K, j.K,
-                      nullptr, j.Bp, q, j.bias, j.Y + r0 * j.M, j.M,
+                      nullptr, bp, q, j.bias, j.Y + r0 * j.M, j.M,
                       j.residual ? j.residual + r0 * j.M : nullptr, j.act, j.lo, j.hi);
           }
-        });
+          p += q.panels();
+        }
       }
       q0 = q1;
     }
@@ -923,7 +930,7 @@ void conv_range(const ConvJob& j, int64_t b0, int64_t b1, int64_t p0, int64_t p1
 
 void conv_part(const void* ctx, const Part& p) {
   const ConvJob& j = *static_cast<const ConvJob*>(ctx);
-  int64_t panels = (j.M + NR - 1) / NR;
+  int64_t panels = j.PANELS;
   if (j.blocks >= 8 * p.threads || panels < p.count)
     conv_range(j, p.lo(j.blocks), p.hi(j.blocks), 0, panels);
   else
@@ -940,16 +947,16 @@ ffi::Error Sconv(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi:
     return ffi::Error::InvalidArgument("oxla_sconv: operand ranks");
   if (kh < 1 || kw < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 || pt < 0 || pl < 0)
     return ffi::Error::InvalidArgument("oxla_sconv: window");
-  // groups > 1: X's channels and Y's in `groups` equal groups, each group's Y whole panels
-  if (groups < 1 || xd[3] % groups != 0 ||
-      (groups > 1 && (yd[3] % groups != 0 || (yd[3] / groups) % NR != 0)))
+  // groups > 1: X's channels and Y's in `groups` equal groups, each group's W panels of its own
+  if (groups < 1 || xd[3] % groups != 0 || yd[3] % groups != 0)
     return ffi::Error::InvalidArgument("oxla_sconv: groups");
   ConvJob j;
   j.N = xd[0]; j.H = xd[1]; j.W = xd[2]; j.CX = xd[3]; j.groups = groups; j.C = xd[3] / groups;
   j.OH = yd[1]; j.OW = yd[2]; j.M = yd[3];
+  j.MS = j.M / groups; j.PP = (j.MS + NR - 1) / NR; j.PANELS = groups * j.PP;
   j.KH = kh; j.KW = kw; j.sh = sh; j.sw = sw; j.dh = dh; j.dw = dw; j.pt = pt; j.pl = pl;
   j.K = kh * kw * j.C;
-  if (wd[1] != j.K || wd[0] * NR < j.M || wd[0] * NR >= j.M + NR)
+  if (wd[1] != j.K || wd[0] != j.PANELS)
     return ffi::Error::InvalidArgument("oxla_sconv: packed weight shape");
   if ((int64_t)bias.element_count() != j.M)
     return ffi::Error::InvalidArgument("oxla_sconv: bias length");

@@ -152,13 +152,15 @@ WIDE_MIN_K = 256
 # Convolutions other than 1x1 (group 1, 2-D) run on the kernel's implicit-GEMM form too (False:
 # XLA's, for measuring).
 CONVS = True
-# Grouped convolutions of at least GROUPED_MIN_CHANNELS output channels per group (a divisor of
-# NR, or a multiple of it) and more than one input channel per group run on the convolution
-# kernel (`_grouped_product`). XLA ran them as fused taps or one convolution per group, between
+# Grouped convolutions of at least GROUPED_MIN_CHANNELS output channels per group and more than
+# one input channel per group run on the convolution kernel (`_grouped_product`, `grouped_kernel`):
+# each of the kernel's groups its own panels of W, several narrow groups block-diagonal in one. XLA ran them as fused taps or one convolution per group, between
 # two transposes to channels first: ResNeXt-50 32x4d (torch, 224) 1.50x onnxruntime at default
 # threads and 1.70x at one thread, 41 of its 133 ms in those loops.
 GROUPED = True
 GROUPED_MIN_CHANNELS = 4
+GROUPED_WIDTH = 16  # the kernel's lanes a row of one of its groups' output fills (AVX-512)
+GROUPED_MAX_WASTE = 4.0
 # WinogradPass's layers (`oxla.winograd::Conv`) run on the kernel's Winograd F(2x2, 3x3) (False:
 # XLA's transforms and batched dot, for measuring): see the module's docstring.
 WINOGRAD = True
@@ -486,10 +488,8 @@ def _grouped_product(node: NodeProto, producers: dict[str, NodeProto],
                      ) -> tuple[np.ndarray, list[str], np.ndarray | None, dict[str, list[int]]
                                 ] | None:
     """(W as (S, K, M / S) float32, the names it came from, the bias or None, the window with its
-    `group` S) of a channels-last grouped Conv (GROUPED) the convolution kernel can run, or None.
-    The kernel's groups are whole panels of NR output channels: the model's groups narrower than
-    a panel (ResNeXt's 4 to 16 channels) are taken NR / (channels per group) at a time, their W
-    block-diagonal in the group's (K, NR), which costs that many times the flops."""
+    `group` S) of a channels-last grouped Conv (GROUPED) the convolution kernel can run
+    (`grouped_kernel`), or None."""
     if not (GROUPED and node.op_type == "Conv" and node.domain == LAST and len(node.input) >= 2):
         return None
     group = next((int(a.i) for a in node.attribute if a.name == "group"), 1)
@@ -515,17 +515,20 @@ def takes_grouped(model: ModelProto) -> set[str]:
 
 def grouped_kernel(hwio: np.ndarray, group: int) -> np.ndarray | None:
     """A grouped convolution's HWIO W (KH, KW, C / group, M) as the convolution kernel's groups,
-    (S, KH KW C / S, M / S) (`native.pack` each), or None where the kernel does not take it
-    (GROUPED_MIN_CHANNELS, whole panels, more than one input channel per group)."""
+    (S, KH KW C / S, M / S) (`native.pack` each), or None where the kernel does not take it:
+    one input channel per group (the depthwise kernel's), fewer than GROUPED_MIN_CHANNELS
+    outputs a group, or more than GROUPED_MAX_WASTE times the flops. Groups of fewer than 16
+    outputs (a vector on AVX-512) are taken 16 / width at a time where that divides, W
+    block-diagonal."""
     kh, kw, cg, m = hwio.shape
     mg = m // group
-    if cg < 2 or mg * group != m or mg < GROUPED_MIN_CHANNELS \
-            or (native.NR % mg if mg < native.NR else mg % native.NR):
+    if cg < 2 or mg * group != m or mg < GROUPED_MIN_CHANNELS:
         return None
-    per = max(1, native.NR // mg)  # the model's groups in one of the kernel's
-    if group % per:
+    per = GROUPED_WIDTH // mg if mg < GROUPED_WIDTH and GROUPED_WIDTH % mg == 0 else 1
+    width = per * mg
+    if group % per or per * -(-width // GROUPED_WIDTH) * GROUPED_WIDTH / width > GROUPED_MAX_WASTE:
         return None
-    groups, width = group // per, per * mg
+    groups = group // per
     dense = np.zeros((groups, kh, kw, per * cg, width), np.float32)
     for g in range(group):
         s, i = divmod(g, per)
@@ -1113,10 +1116,26 @@ def _body(name: str, opset: int) -> FunctionProto:
         helper.make_node("Constant", [], ["one"], value=helper.make_tensor("one", ints, [1], [1])),
         helper.make_node("Constant", [], ["flat"], value=helper.make_tensor("flat", ints, [2], [0, -1])),
         helper.make_node("Transpose", ["W"], ["W_k"], perm=[1, 0, 2]),          # (K, P, 32)
-        helper.make_node("Reshape", ["W_k", "flat"], ["W_padded"]),             # (K, 32 P)
         helper.make_node("Shape", ["B"], ["n"]),
-        helper.make_node("Slice", ["W_padded", "zero", "n", "one"], ["W_kn"]),  # (K, N)
     ]
+    if base == "Conv":  # P = group PP: each group's columns past N / group dropped
+        group = helper.make_node("Constant", [], ["g"])
+        group.attribute.append(helper.make_attribute_ref("value_int", AttributeProto.INT))
+        group.attribute[0].ref_attr_name = "group"
+        nodes += [
+            group,
+            helper.make_node("Reshape", ["g", "one"], ["g1"]),
+            helper.make_node("Constant", [], ["last"], value=helper.make_tensor("last", ints, [1], [-1])),
+            helper.make_node("Constant", [], ["two"], value=helper.make_tensor("two", ints, [1], [2])),
+            helper.make_node("Concat", ["zero", "g1", "last"], ["k_g"], axis=0),
+            helper.make_node("Reshape", ["W_k", "k_g"], ["W_g"]),               # (K, group, 32 PP)
+            helper.make_node("Div", ["n", "g1"], ["n_g"]),
+            helper.make_node("Slice", ["W_g", "zero", "n_g", "two"], ["W_gn"]),  # (K, group, N / group)
+            helper.make_node("Reshape", ["W_gn", "flat"], ["W_kn"]),           # (K, N)
+        ]
+    else:
+        nodes += [helper.make_node("Reshape", ["W_k", "flat"], ["W_padded"]),  # (K, 32 P)
+                  helper.make_node("Slice", ["W_padded", "zero", "n", "one"], ["W_kn"])]  # (K, N)
     sum_ = "Z" if residual else "A"
     attributes: list[str] = []
     if base == "Gemm":
@@ -1129,7 +1148,7 @@ def _body(name: str, opset: int) -> FunctionProto:
         hw.attribute[0].ref_attr_name = "kernel_shape"
         conv = _ref(helper.make_node("Conv", ["X_first", "W_oihw", "B"], ["Y_first"]),
                     *attributes)
-        if base == "Conv":  # W (KH, KW, C / group, N): its groups' panels
+        if base == "Conv":  # W (KH, KW, C / group, N)
             attributes.append("group")
             conv.attribute.append(helper.make_attribute_ref("group", AttributeProto.INT))
             conv.attribute[-1].ref_attr_name = "group"

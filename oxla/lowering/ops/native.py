@@ -70,12 +70,14 @@ def _epilogue(y, activation: str, lo: float, hi: float):
     return y
 
 
-def _check_packed(cx, w, b) -> None:
-    """W packed for B's N columns: (ceil(N / 32), K, 32), B (N,)."""
+def _check_packed(cx, w, b, group: int = 1) -> None:
+    """W packed for B's N columns: (ceil(N / 32), K, 32), B (N,); in `group` groups, each its own
+    panels: (group ceil(N / group / 32), K, 32)."""
     n = b.shape[0] if b.ndim == 1 else -1
-    if w.ndim != 3 or w.shape[2] != native.NR or n < 1 or w.shape[0] != -(-n // native.NR):
+    panels = group * -(-max(n, 1) // group // native.NR)
+    if w.ndim != 3 or w.shape[2] != native.NR or n < 1 or n % group or w.shape[0] != panels:
         raise cx.shape_error(f"W {tuple(w.shape)} is not packed for the {tuple(b.shape)} bias "
-                             f"(want ({-(-max(n, 1) // native.NR)}, K, {native.NR})); this node "
+                             f"in {group} group(s) (want ({panels}, K, {native.NR})); this node "
                              f"was not made by oxla's planner")
 
 
@@ -86,14 +88,14 @@ def _check_window(cx, kernel, strides, pads, dilations) -> None:
                       f"this node was not made by oxla's planner")
 
 
-def _conv_window(cx, w, b, kernel_shape, strides, pads, dilations):
+def _conv_window(cx, w, b, kernel_shape, strides, pads, dilations, group: int = 1):
     """A Conv*/Stem* node's checked window as ints ((kh, kw), (sh, sw), (pt, pl, pb, pr),
-    (dh, dw)), W packed for B."""
+    (dh, dw)), W packed for B (in `group` groups)."""
     window = (kernel_shape, strides, pads, dilations)
     if any(a is None for a in window) or [len(a) for a in window] != [2, 2, 4, 2]:
         raise cx.fail("needs 2-D kernel_shape, strides, pads and dilations attributes, all given "
                       "(NativeGemmPass writes them); this node was not made by oxla's planner")
-    _check_packed(cx, w, b)
+    _check_packed(cx, w, b, group)
     _check_window(cx, kernel_shape, strides, pads, dilations)
     return tuple(tuple(int(v) for v in a) for a in window)
 
@@ -155,15 +157,14 @@ def _gemm(cx, x, w, b, r, activation: str, lo: float = 0.0, hi: float = 0.0):
 def _conv(cx, x, w, b, r, activation: str, lo: float, hi: float, kernel_shape, strides, pads,
           dilations, group: int = 1):
     """Conv*: W packed as the kernel reads it; with `group` > 1 X's channels and Y's in that many
-    equal groups, each group's Y whole panels of W (NativeGemmPass packs a grouped convolution's
-    groups so, several of the model's groups in one where they are narrower than a panel)."""
+    equal groups, each group's W panels of its own (NativeGemmPass packs a grouped convolution's
+    groups so, several of the model's groups in one where they are narrow)."""
     n = b.shape[0]
-    (kh, kw), (sh, sw), (pt, pl, pb, pr), (dh, dw) = _conv_window(cx, w, b, kernel_shape, strides,
-                                                                  pads, dilations)
     group = int(group)
-    if group < 1 or (group > 1 and (n % group or (n // group) % native.NR)):
-        raise cx.fail(f"group {group} does not split the {n} output channels into whole panels "
-                      f"of {native.NR}; this node was not made by oxla's planner")
+    if group < 1:
+        raise cx.fail(f"group {group} must be at least 1; this node was not made by oxla's planner")
+    (kh, kw), (sh, sw), (pt, pl, pb, pr), (dh, dw) = _conv_window(cx, w, b, kernel_shape, strides,
+                                                                  pads, dilations, group)
     c = w.shape[1] // (kh * kw)
     if x.ndim != 4 or x.shape[-1] != c * group or c * kh * kw != w.shape[1]:
         raise cx.shape_error(f"X {tuple(x.shape)} is not (N, H, W, {c * group}) as the {kh}x{kw} "
@@ -177,7 +178,9 @@ def _conv(cx, x, w, b, r, activation: str, lo: float, hi: float, kernel_shape, s
             lambda: _conv(cx, x, w, b, None, "", 0.0, 0.0, kernel_shape, strides, pads, dilations,
                           group),
             kh=kh, kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, pt=pt, pl=pl, groups=group)
-    hwio = jnp.transpose(w, (1, 0, 2)).reshape((w.shape[1], -1))[:, :n].reshape((kh, kw, c, n))
+    # each group's panels side by side, their columns past the group's N / group dropped
+    kg = jnp.transpose(w.reshape((group, -1, *w.shape[1:])), (2, 0, 1, 3))  # (K, group, PP, NR)
+    hwio = kg.reshape((w.shape[1], group, -1))[..., :n // group].reshape((kh, kw, c, n))
     y = lax.conv_general_dilated(x, hwio.astype(x.dtype), (sh, sw), [(pt, pb), (pl, pr)],
                                  rhs_dilation=(dh, dw), dimension_numbers=("NHWC", "HWIO", "NHWC"),
                                  feature_group_count=group) + b.astype(x.dtype)
