@@ -43,39 +43,9 @@ def _bn_relu(cin: int, cout: int, k: int, stride: int = 1, groups: int = 1,
 # --- ResNet-50 (torchvision layout: Bottleneck [3, 4, 6, 3], v1.5 stride on the 3x3) -------------
 
 class Bottleneck(nn.Module):
-    def __init__(self, cin: int, width: int, stride: int) -> None:
+    def __init__(self, cin: int, width: int, stride: int, cout: int = 0, groups: int = 1) -> None:
         super().__init__()
-        cout = width * 4
-        self.body = nn.Sequential(_bn_relu(cin, width, 1), _bn_relu(width, width, 3, stride),
-                                  _bn_relu(width, cout, 1, act=None))
-        self.down = (_bn_relu(cin, cout, 1, stride, act=None) if stride != 1 or cin != cout
-                     else nn.Identity())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.relu(self.body(x) + self.down(x))
-
-
-class ResNet50(nn.Module):
-    def __init__(self, classes: int = 1000) -> None:
-        super().__init__()
-        layers: list[nn.Module] = [_bn_relu(3, 64, 7, 2), nn.MaxPool2d(3, 2, 1)]
-        cin = 64
-        for stage, (blocks, width) in enumerate(zip((3, 4, 6, 3), (64, 128, 256, 512))):
-            for i in range(blocks):
-                layers.append(Bottleneck(cin, width, 2 if i == 0 and stage > 0 else 1))
-                cin = width * 4
-        self.features = nn.Sequential(*layers)
-        self.fc = nn.Linear(cin, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
-
-
-# --- ResNeXt-50 32x4d (torchvision layout: ResNet-50's with a grouped 3x3, width x2) -------------
-
-class XBottleneck(nn.Module):
-    def __init__(self, cin: int, width: int, cout: int, stride: int, groups: int = 32) -> None:
-        super().__init__()
+        cout = cout or width * 4
         self.body = nn.Sequential(_bn_relu(cin, width, 1), _bn_relu(width, width, 3, stride, groups),
                                   _bn_relu(width, cout, 1, act=None))
         self.down = (_bn_relu(cin, cout, 1, stride, act=None) if stride != 1 or cin != cout
@@ -85,15 +55,19 @@ class XBottleneck(nn.Module):
         return F.relu(self.body(x) + self.down(x))
 
 
-class ResNeXt50(nn.Module):
-    def __init__(self, classes: int = 1000) -> None:
+class ResNet50(nn.Module):
+    """ResNet-50; with widths (128, 256, 512, 1024), expansion 2 and 32 groups ResNeXt-50 32x4d."""
+
+    def __init__(self, classes: int = 1000, widths: tuple[int, ...] = (64, 128, 256, 512),
+                 expansion: int = 4, groups: int = 1) -> None:
         super().__init__()
         layers: list[nn.Module] = [_bn_relu(3, 64, 7, 2), nn.MaxPool2d(3, 2, 1)]
         cin = 64
-        for stage, (blocks, width) in enumerate(zip((3, 4, 6, 3), (128, 256, 512, 1024))):
+        for stage, (blocks, width) in enumerate(zip((3, 4, 6, 3), widths)):
             for i in range(blocks):
-                layers.append(XBottleneck(cin, width, width * 2, 2 if i == 0 and stage > 0 else 1))
-                cin = width * 2
+                layers.append(Bottleneck(cin, width, 2 if i == 0 and stage > 0 else 1,
+                                         width * expansion, groups))
+                cin = width * expansion
         self.features = nn.Sequential(*layers)
         self.fc = nn.Linear(cin, classes)
 
@@ -101,38 +75,10 @@ class ResNeXt50(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
 
 
-# --- MobileNetV2 (torchvision's config: ReLU6, which torch exports as Clip with Constant bounds) ---
+# --- ResNeXt-50 32x4d (torchvision layout: ResNet-50's, its 3x3 in 32 groups, width x2) ----------
 
-class InvertedResidual(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:
-        super().__init__()
-        hidden = cin * expand
-        layers: list[nn.Module] = [] if expand == 1 else [_bn_relu(cin, hidden, 1, act=nn.ReLU6)]
-        layers += [_bn_relu(hidden, hidden, 3, stride, hidden, act=nn.ReLU6),
-                   _bn_relu(hidden, cout, 1, act=None)]
-        self.body = nn.Sequential(*layers)
-        self.residual = stride == 1 and cin == cout
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.body(x) if self.residual else self.body(x)
-
-
-class MobileNetV2(nn.Module):
-    def __init__(self, classes: int = 1000) -> None:
-        super().__init__()
-        layers: list[nn.Module] = [_bn_relu(3, 32, 3, 2, act=nn.ReLU6)]
-        cin = 32
-        for expand, cout, blocks, stride in ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
-                                             (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)):
-            for i in range(blocks):
-                layers.append(InvertedResidual(cin, cout, stride if i == 0 else 1, expand))
-                cin = cout
-        layers.append(_bn_relu(cin, 1280, 1, act=nn.ReLU6))
-        self.features = nn.Sequential(*layers)
-        self.fc = nn.Linear(1280, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
+def _resnext50() -> nn.Module:
+    return ResNet50(widths=(128, 256, 512, 1024), expansion=2, groups=32)
 
 
 # --- MobileNetV3-small (torchvision's config: hardswish, SE with hardsigmoid, depthwise) ---------
@@ -241,15 +187,19 @@ class ShuffleNetV2(nn.Module):
 # --- EfficientNet-B0 (MBConv: SiLU, SE, depthwise 3x3/5x5) --------------------------------------
 
 class MBConv(nn.Module):
-    def __init__(self, cin: int, cout: int, k: int, stride: int, expand: int) -> None:
+    """EfficientNet's block; with ReLU6 and no squeeze-excitation MobileNetV2's inverted residual."""
+
+    def __init__(self, cin: int, cout: int, k: int, stride: int, expand: int,
+                 act: type[nn.Module] = nn.SiLU, se: bool = True) -> None:
         super().__init__()
         exp = cin * expand
         layers: list[nn.Module] = []
         if expand != 1:
-            layers.append(_bn_relu(cin, exp, 1, act=nn.SiLU))
-        layers += [_bn_relu(exp, exp, k, stride, groups=exp, act=nn.SiLU),
-                   SqueezeExcite(exp, max(1, cin // 4), gate=nn.Sigmoid, act=nn.SiLU),
-                   _bn_relu(exp, cout, 1, act=None)]
+            layers.append(_bn_relu(cin, exp, 1, act=act))
+        layers.append(_bn_relu(exp, exp, k, stride, groups=exp, act=act))
+        if se:
+            layers.append(SqueezeExcite(exp, max(1, cin // 4), gate=nn.Sigmoid, act=nn.SiLU))
+        layers.append(_bn_relu(exp, cout, 1, act=None))
         self.block = nn.Sequential(*layers)
         self.res = stride == 1 and cin == cout
 
@@ -261,21 +211,32 @@ class EfficientNetB0(nn.Module):
     CFG = ((1, 3, 1, 16, 1), (6, 3, 2, 24, 2), (6, 5, 2, 40, 2), (6, 3, 2, 80, 3),
            (6, 5, 1, 112, 3), (6, 5, 2, 192, 4), (6, 3, 1, 320, 1))  # expand, k, stride, out, repeats
 
-    def __init__(self, classes: int = 1000) -> None:
+    def __init__(self, classes: int = 1000, cfg: tuple[tuple[int, ...], ...] = CFG,
+                 act: type[nn.Module] = nn.SiLU, se: bool = True) -> None:
         super().__init__()
-        layers: list[nn.Module] = [_bn_relu(3, 32, 3, 2, act=nn.SiLU)]
+        layers: list[nn.Module] = [_bn_relu(3, 32, 3, 2, act=act)]
         cin = 32
-        for expand, k, stride, cout, repeats in self.CFG:
+        for expand, k, stride, cout, repeats in cfg:
             for i in range(repeats):
-                layers.append(MBConv(cin, cout, k, stride if i == 0 else 1, expand))
+                layers.append(MBConv(cin, cout, k, stride if i == 0 else 1, expand, act, se))
                 cin = cout
-        layers.append(_bn_relu(cin, 1280, 1, act=nn.SiLU))
+        layers.append(_bn_relu(cin, 1280, 1, act=act))
         self.features = nn.Sequential(*layers)
         self.fc = nn.Linear(1280, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
 
+
+
+# MobileNetV2 (torchvision's config): EfficientNet-B0's layout with ReLU6 (torch exports it as
+# Clip with Constant bounds), 3x3 depthwise kernels and no squeeze-excitation
+MOBILENETV2_CFG = ((1, 3, 1, 16, 1), (6, 3, 2, 24, 2), (6, 3, 2, 32, 3), (6, 3, 2, 64, 4),
+                   (6, 3, 1, 96, 3), (6, 3, 2, 160, 3), (6, 3, 1, 320, 1))
+
+
+def _mobilenetv2() -> nn.Module:
+    return EfficientNetB0(cfg=MOBILENETV2_CFG, act=nn.ReLU6, se=False)
 
 # --- a GRU text classifier (embedding, 2-layer bidirectional GRU, linear) -----------------------
 
@@ -439,8 +400,8 @@ SUITE: dict[str, Spec] = {
     "shufflenetv2": (ShuffleNetV2, _image, ["logits"], {}),
     "efficientnet_b0": (EfficientNetB0, _image, ["logits"], {}),
     "resnet50": (ResNet50, _image, ["logits"], {}),
-    "mobilenetv2": (MobileNetV2, _image, ["logits"], {}),
-    "resnext50": (ResNeXt50, _image, ["logits"], {}),
+    "mobilenetv2": (_mobilenetv2, _image, ["logits"], {}),
+    "resnext50": (_resnext50, _image, ["logits"], {}),
     "gru_text": (GRUText, lambda: {"ids": np.random.default_rng(0).integers(0, 20000, (1, 50))},
                  ["logits"], {}),
     "detector_nms": (Detector, lambda: _image(320), ["selected", "boxes", "scores"], {}),
