@@ -126,7 +126,9 @@ def test_conv_benchmark_native_depthwise_form_and_choice() -> None:
     wins = native.isa() in native_gemm.DEPTHWISE_ISAS  # AVX-512 only
     assert conv._chosen(big, (96, 1, 3, 3), 1)[1] == ("native_dw_last" if wins else "taps_last")
     assert conv._chosen(big, (96, 1, 3, 3), 0)[1] == ("native_dw_last" if wins else "taps_last")
-    mid = conv.Shape("dw", "conv", 960, 7, 960, 960, 3, 1)  # 0.85e6 flops: one core XLA's
-    assert conv._chosen(mid, (960, 1, 3, 3), 1)[1] == "taps_last"
+    mid = conv.Shape("dw", "conv", 960, 7, 960, 960, 3, 1)  # 0.85e6 flops: over the one-core bound
+    assert conv._chosen(mid, (960, 1, 3, 3), 1)[1] == ("native_dw_last" if wins else "taps_last")
+    small = conv.Shape("dw", "conv", 576, 7, 576, 576, 3, 1)  # 0.51e6 flops: one core XLA's
+    assert conv._chosen(small, (576, 1, 3, 3), 1)[1] == "taps_last"
     several = wins and cpu_client.cores() > 1
-    assert conv._chosen(mid, (960, 1, 3, 3), 0)[1] == ("native_dw_last" if several else "taps_last")
+    assert conv._chosen(small, (576, 1, 3, 3), 0)[1] == ("native_dw_last" if several else "taps_last")

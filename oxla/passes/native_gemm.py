@@ -160,9 +160,10 @@ WIDE_MIN_K = 256
 CONVS = True
 # Grouped convolutions of at least GROUPED_MIN_CHANNELS output channels per group and more than
 # one input channel per group run on the convolution kernel (`_grouped_product`, `grouped_kernel`):
-# each of the kernel's groups its own panels of W, several narrow groups block-diagonal in one. XLA ran them as fused taps or one convolution per group, between
-# two transposes to channels first: ResNeXt-50 32x4d (torch, 224) 1.50x onnxruntime at default
-# threads and 1.70x at one thread, 41 of its 133 ms in those loops.
+# each of the kernel's groups its own panels of W, several narrow groups block-diagonal in one.
+# XLA ran them as fused taps or one convolution per group, between two transposes to channels
+# first: ResNeXt-50 32x4d (torch, 224) 1.53x onnxruntime at default threads and 1.75x at one
+# thread, 41 of its 144 ms of kernel time in those loops.
 GROUPED = True
 GROUPED_MIN_CHANNELS = 4
 GROUPED_WIDTH = 16  # the kernel's lanes a row of one of its groups' output fills (AVX-512)
@@ -176,10 +177,15 @@ WINDOW = ("kernel_shape", "strides", "pads", "dilations")  # a Conv* node's attr
 # EfficientNet-B0 (15 layers) 7.14 -> 6.83 and 7.12 -> 6.74 ms, the detector (4) 3.30 -> 3.20 and
 # 3.40 -> 3.26, MobileNetV3-small (8) 1.62 -> 1.63 and 1.60 -> 1.64; with 3e6 the detector's 3
 # largest alone ran slower (3.31 -> 3.43), EfficientNet-B0's 8 gained less. Now the bound of
-# one-core sessions (ONE_CORE_DEPTHWISE): there 8e5, 5e5 and 2e5 took 1.00-1.08x the time of 1e6
-# on MobileNetV3-small, ShuffleNetV2, EfficientNet-B0 and the detector (XLA's taps fuse with
-# their neighbours).
-DEPTHWISE_MIN_FLOPS = 1e6
+# one-core sessions (ONE_CORE_DEPTHWISE). 8e5 against 1e6, one core, each in two positions of one
+# process, onnxruntime interleaved (docs/benchmarks.md, twenty-fourth round): MobileNetV2 (15
+# layers against 12) 1.006x and 1.016x the time against 1.000x and 1.127x, EfficientNet-B0 (16
+# against 15) 1.033x and 1.134x against 1.000x and 1.122x, MobileNetV3-small (10 against 8)
+# 1.001x and 0.999x against 1.000x, ShuffleNetV2 (1 against 0) 1.006x and 1.007x against 1.012x:
+# no loss, where the micro-benchmark's 960@7 3x3 (0.85e6 flops) took 0.6-0.9x onnxruntime on the
+# kernel and 1.9-2.3x as XLA's taps (whose time there depends on what the process compiled before
+# it). (A run of the twenty-third round had 8e5, 5e5 and 2e5 at 1.00-1.08x, unrepeated.)
+DEPTHWISE_MIN_FLOPS = 8e5
 SMALL_DEPTHWISE_MIN_FLOPS = 1e5  # in a model of small kernels (see SMALL_MIN_FLOPS)
 # In a session on several cores of a model of larger kernels (the pooled client). Where 1e6 was
 # measured, the models now take the one-thread client (small_kernels); planned as for larger
