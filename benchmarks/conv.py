@@ -19,7 +19,8 @@ Conv) and onnxruntime on the same model. Each thread setting runs
 in its own process: threads 0 is both runtimes' default; threads 1 is onnxruntime with
 intra_op_num_threads=1 and XLA with --xla_cpu_multi_thread_eigen=false, both pinned to one core
 with taskset. Within a process the candidates are timed in interleaved blocks (~3 ms of calls
-each) over --rounds rounds; a time is the median over rounds of the per-call mean of a block.
+each, each started once the other threads of the process sleep, its first two calls not counted)
+over --rounds rounds; a time is the median over rounds of the per-call mean of a block.
 """
 
 from __future__ import annotations
@@ -248,11 +249,20 @@ def _block(fn: Callable[[], Any], calls: int) -> float:
 
 
 def _interleaved(calls: dict[str, Callable[[], Any]], rounds: int, block_ms: float) -> dict[str, float]:
-    """Median over rounds of each call's per-call time in a block of ~block_ms, blocks interleaved."""
+    """Median over rounds of each call's per-call time in a block of ~block_ms, blocks interleaved.
+    As in the suite, every block starts once the process's other threads sleep (onnxruntime's
+    pool spins 40-55 ms after its last call: a block of oxla's two-thread kernels right after it
+    found the second core taken, the 144@28 depthwise layer 1.82x onnxruntime's time where alone
+    it takes 0.4x) and its first SETTLE calls are not counted."""
+    from benchmarks.run import SETTLE, wait_idle
+
     per_block = {name: max(1, int(block_ms / max(_block(fn, 3), 1e-3))) for name, fn in calls.items()}
     times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(rounds):
         for name, fn in calls.items():
+            wait_idle()
+            for _ in range(SETTLE):
+                fn()
             times[name].append(_block(fn, per_block[name]))
     return {name: statistics.median(t) for name, t in times.items()}
 
