@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from benchmarks.run import write_results
+from benchmarks.run import SETTLE, wait_idle, write_results
 from oxla import native
 
 FORMS = ("native", "taps", "taps_flat", "dot", "split", "native_last", "taps_last", "dot_last",
@@ -254,8 +254,6 @@ def _interleaved(calls: dict[str, Callable[[], Any]], rounds: int, block_ms: flo
     pool spins 40-55 ms after its last call: a block of oxla's two-thread kernels right after it
     found the second core taken, the 144@28 depthwise layer 1.82x onnxruntime's time where alone
     it takes 0.4x) and its first SETTLE calls are not counted."""
-    from benchmarks.run import SETTLE, wait_idle
-
     per_block = {name: max(1, int(block_ms / max(_block(fn, 3), 1e-3))) for name, fn in calls.items()}
     times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(rounds):

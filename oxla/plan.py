@@ -118,8 +118,8 @@ def prepare(model: ModelProto, options: Options) -> tuple[DispatchTable, bool]:
                                                 and native_gemm.ONE_CORE_DEPTHWISE):
                     # before PadAheadPass: it pads in the kernel
                     depthwise_to_native(model, small, pooled=options.native_threads > 1)
-                pad_ahead(model, native_grouped=bool(options.native_threads
-                                                     or options.native_convs))
+                native_later = bool(options.native_threads or options.native_convs)
+                pad_ahead(model, keep=native_gemm.takes_grouped(model) if native_later else set())
                 convs_to_winograd(model, native=bool(options.native_threads
                                                      or options.native_convs))
                 if options.native_threads:

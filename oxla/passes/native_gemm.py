@@ -91,7 +91,14 @@ from onnx import (
 
 from oxla import native
 from oxla.cpu_client import CONVOLUTIONS
-from oxla.graph import attribute_value, inferred_types, model_opsets, node_reads, tensor_value
+from oxla.graph import (
+    attribute_value,
+    constant_values,
+    inferred_types,
+    model_opsets,
+    node_reads,
+    tensor_value,
+)
 from oxla.lowering.ops.conv_forms import STEM_CHANNELS, STEM_TAPS_TERMS
 from oxla.lowering.ops.native import (
     ACTIVATIONS,
@@ -375,15 +382,12 @@ class _Graph:
         self.inits = inits
         self.outputs = {o.name for o in graph.output}
         self.readers: dict[str, list[NodeProto]] = {}
-        # Constant nodes' tensors: torch exports ReLU6 as Clip(x, min, max) with each bound a
-        # Constant node, not an initializer
-        self.constant_nodes: dict[str, TensorProto] = {}
         for n in graph.node:
             for name in node_reads(n):
                 self.readers.setdefault(name, []).append(n)
-            if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.attribute) == 1 \
-                    and n.attribute[0].name == "value" and n.attribute[0].HasField("t"):
-                self.constant_nodes[n.output[0]] = n.attribute[0].t
+        # initializers and Constant nodes: torch exports ReLU6 as Clip(x, min, max) with each
+        # bound a Constant node
+        self.constant = constant_values(graph)
         self.taken: set[int] = set()  # nodes already folded into a product
 
     def only_reader(self, name: str) -> NodeProto | None:
@@ -394,11 +398,9 @@ class _Graph:
 
     def scalar(self, name: str) -> float | None:
         """The value of a float32 scalar initializer or Constant node."""
-        tensor = self.inits.get(name) or self.constant_nodes.get(name)
-        if tensor is None:
-            return None
-        value = tensor_value(name, lambda: numpy_helper.to_array(tensor))
-        return float(value) if value.size == 1 and value.dtype == np.float32 else None
+        value = self.constant(name)
+        return float(value) if value is not None and value.size == 1 \
+            and value.dtype == np.float32 else None
 
 
 def _activation(g: _Graph, name: str, fold: _Fold) -> None:
@@ -639,26 +641,22 @@ def convs_to_native(model: ModelProto, beside_depthwise: bool = True, small: boo
                   if (found := _product(node, producers, inits)) is not None]
     winograd = [(node, *taken) for node in graph.node
                 if (taken := _winograd(node, inits)) is not None]
-    grouped = [(node, *split) for node in graph.node
-               if (split := _grouped_product(node, producers, inits)) is not None]
-    if not candidates and not winograd and not grouped:
+    # grouped ones (W as (S, K, M / S), their window's `group` S) among them
+    candidates += [(node, *split) for node in graph.node
+                   if (split := _grouped_product(node, producers, inits)) is not None]
+    if not candidates and not winograd:
         return 0
-    if candidates or grouped:
+    if candidates:
         rows = _known_rows(model, exact=small)
         candidates = [c for c in candidates if _reaches(
             rows, c[0].output[0] if c[0].output[0] in rows else c[0].input[0], c[1].size,
             _pointwise_min(small) if c[4] is None else CONV_MIN_FLOPS, small, producers)]
-        grouped = [c for c in grouped if _reaches(
-            rows, c[0].output[0] if c[0].output[0] in rows else c[0].input[0], c[1].size,
-            CONV_MIN_FLOPS, small, producers)]
     # (node, op base, W as (..., K, N), its initializer, bias or None, the window's attributes)
     jobs: list[tuple[NodeProto, str, np.ndarray, str, np.ndarray | None, dict[str, Any]]] = [
         (node, "Wino", u.reshape(16, *u.shape[2:]), name, b, {}) for node, u, name, b in winograd]
     jobs += [(node, "Gemm" if window is None else "Conv", kernel, names[-1], b,
-              {**window, "group": 1} if window else {})
+              {"group": 1, **window} if window else {})
              for node, kernel, names, b, window in candidates]
-    jobs += [(node, "Conv", kernel, names[-1], b, window)
-             for node, kernel, names, b, window in grouped]
     pooled = _pooled_values(graph.node)
     jobs = [j for j in jobs if j[0].input[0] not in pooled]
     # packed: an OIHW initializer read by several convolutions is packed once
@@ -670,11 +668,11 @@ def convs_to_native(model: ModelProto, beside_depthwise: bool = True, small: boo
     if not jobs or not native.available():  # built (first use) only for a model that needs it
         return 0
     for node, base, kernel, name, b, window in jobs:
-        bias = np.zeros(kernel.shape[0] * kernel.shape[-1] if window.get("group", 1) > 1
-                        else kernel.shape[-1], np.float32) if b is None else b
+        grouped = window.get("group", 1) > 1  # kernel (S, K, M / S)
+        n = kernel.shape[0] * kernel.shape[-1] if grouped else kernel.shape[-1]
+        bias = np.zeros(n, np.float32) if b is None else b
         fold = _fold(g, node.output[0])
-        inputs = [node.input[0], *_weights(graph, packed, name, kernel, node, bias,
-                                           window.get("group", 1) > 1)]
+        inputs = [node.input[0], *_weights(graph, packed, name, kernel, node, bias, grouped)]
         if fold.residual:
             inputs.append(fold.residual)
         if fold.bounds:

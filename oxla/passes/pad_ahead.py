@@ -31,17 +31,12 @@ ACTIVATIONS = frozenset({"Relu", "Clip", "LeakyRelu"})
 MAX_TAPS = 9
 
 
-def pad_ahead(model: ModelProto, native_grouped: bool = False) -> int:
+def pad_ahead(model: ModelProto, keep: set[str] | frozenset[str] = frozenset()) -> int:
     """Move the pads of depthwise channels-last Convs ahead into their producer Convs; returns
-    how many Convs lost their pads. With `native_grouped` (NativeGemmPass will run after), not
-    those of the grouped Convs the convolution kernel takes, which pads in the kernel: the
-    producer would stay XLA's as a padded 1x1 convolution (ResNeXt-50's strided blocks)."""
+    how many Convs lost their pads. Not those of the Convs whose outputs are in `keep` (the
+    grouped ones NativeGemmPass will put on the convolution kernel, which pads in the kernel: the
+    producer would stay XLA's as a padded 1x1 convolution, ResNeXt-50's strided blocks)."""
     graph = model.graph
-    skip: set[str] = set()
-    if native_grouped:
-        from oxla.passes.native_gemm import takes_grouped
-
-        skip = takes_grouped(model)
     readers: dict[str, int] = {o.name: 1 for o in graph.output}
     for node in graph.node:
         for name in node_reads(node):
@@ -50,7 +45,7 @@ def pad_ahead(model: ModelProto, native_grouped: bool = False) -> int:
     after: dict[int, NodeProto] = {}   # id(node) -> the ZeroBorder to insert after it
     for conv in graph.node:
         pads = _consumer_pads(conv)
-        if pads is None or conv.output[0] in skip:
+        if pads is None or conv.output[0] in keep:
             continue
         act = made.get(conv.input[0])
         src, uses = act, 1
