@@ -177,7 +177,7 @@ def _forms(s: Shape) -> list[str]:
         out += ["dot_last"]
     if s.group == 1 and s.c <= F.STEM_CHANNELS and s.c * s.k * s.k <= F.STEM_TAPS_TERMS:
         out += ["stem_taps_last"]
-    if s.c == s.group == s.m and native.available():
+    if s.c == s.group and s.m % s.c == 0 and native.available():  # a channel multiplier too
         out += ["native_dw_last"]
     if 1 < s.group < s.c and native.available():
         out += ["native_grouped_last"]
@@ -195,10 +195,10 @@ def _native_dw_last(s: Shape, threads: int) -> Callable[..., Any]:
 
     k, p = s.k, s.k // 2
     out = F.out_sizes((s.size,) * 2, [(p, p)] * 2, (k, k), (s.stride,) * 2, (1, 1))
-    zeros = np.zeros(s.c, np.float32)
+    zeros = np.zeros(s.m, np.float32)
 
     def form(x: Any, h: Any) -> Any:
-        return rule.depthwise(x, h.reshape((k, k, s.c)), zeros, tuple(out), (s.stride,) * 2,
+        return rule.depthwise(x, h.reshape((k, k, s.m)), zeros, tuple(out), (s.stride,) * 2,
                               (p, p), (1, 1), 1 if threads == 1 else cores())
 
     return jax.jit(form)
@@ -359,7 +359,8 @@ def _chosen(s: Shape, w_shape: tuple[int, ...], threads: int) -> tuple[str, str]
     out = F.out_sizes(*geometry[:1], geometry[3], (s.k,) * 2, geometry[2], (1, 1))
     flops = 2 * s.m * math.prod(out) * s.k * s.k
     several = threads != 1 and cores() > 1
-    if s.c == s.group == s.m and (several or native_gemm.ONE_CORE_DEPTHWISE) and native.available() \
+    if s.c == s.group and s.m % s.c == 0 and (several or native_gemm.ONE_CORE_DEPTHWISE) \
+            and native.available() \
             and native.isa() in native_gemm.DEPTHWISE_ISAS and flops >= (
                 native_gemm.POOLED_DEPTHWISE_MIN_FLOPS if several else native_gemm.DEPTHWISE_MIN_FLOPS):
         return F.choose(*geometry).__name__, "native_dw_last"

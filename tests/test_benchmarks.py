@@ -132,3 +132,13 @@ def test_conv_benchmark_native_depthwise_form_and_choice() -> None:
     assert conv._chosen(small, (576, 1, 3, 3), 1)[1] == "taps_last"
     several = wins and cpu_client.cores() > 1
     assert conv._chosen(small, (576, 1, 3, 3), 0)[1] == ("native_dw_last" if several else "taps_last")
+    # a channel multiplier of 2: 32 input channels, 64 outputs, on the same kernel
+    two = conv.Shape("dw multiplier 2", "depthwise", 32, 20, 64, 32, 3)
+    assert "native_dw_last" in conv._forms(two)
+    x2 = rng.standard_normal((1, 20, 20, 32)).astype(np.float32)
+    w2 = rng.standard_normal((3, 3, 1, 64)).astype(np.float32)
+    want = lax.conv_general_dilated(x2, w2, (1, 1), [(1, 1), (1, 1)], dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                    feature_group_count=32)
+    np.testing.assert_allclose(np.asarray(conv._native_dw_last(two, 0)(x2, w2)), np.asarray(want),
+                               rtol=1e-5, atol=1e-5)
+    assert conv._chosen(two, (64, 1, 3, 3), 0)[1] == ("native_dw_last" if several else "taps_last")

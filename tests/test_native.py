@@ -622,6 +622,33 @@ def test_depthwise_kernel_matches_float64(case: tuple, threads: int) -> None:
 
 
 @needs_kernel
+@pytest.mark.parametrize("case", [
+    # (N, H, W, X's channels, multiplier, K, strides, pads (t, l, b, r), dilations, pre_act)
+    (1, 20, 21, 32, 2, 3, (1, 1), (1, 1, 1, 1), (1, 1), None),    # the micro-benchmark's shape
+    (2, 17, 19, 7, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), "Relu"),   # 3 does not divide a vector
+    (1, 14, 14, 20, 4, 5, (1, 1), (2, 2, 2, 2), (1, 1), "HardSwish"),
+    (1, 13, 10, 13, 5, 3, (1, 1), (2, 2, 2, 2), (2, 2), "Clip"),  # dilated, a masked last block
+    (1, 9, 12, 3, 16, 3, (3, 3), (0, 1, 2, 0), (1, 1), None),     # one X channel a vector
+    (1, 7, 7, 9, 7, 7, (1, 1), (3, 3, 3, 3), (1, 1), None),
+])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_depthwise_kernel_with_a_channel_multiplier(case: tuple, threads: int) -> None:
+    """W's C output channels are C / X's channels of each input channel's (Keras's
+    depth_multiplier; ONNX's group = X's channels): the kernel reads X's channel c / M for lane c,
+    its producer's bias (one per X channel) alike."""
+    n, h, w, cx, m, k, strides, pads, dilations, pre = case
+    x = RNG.standard_normal((n, h, w, cx)).astype(np.float32)
+    kernel = RNG.standard_normal((k, k, cx * m)).astype(np.float32)
+    b = RNG.standard_normal(cx * m).astype(np.float32)
+    before = None if pre is None else (RNG.standard_normal(cx).astype(np.float32), pre)
+    for act in ("", "Relu"):
+        got = _dw_call(x, kernel, b, act, threads, strides, pads, dilations, before)
+        want = _dw_reference(x, kernel, b, act, strides, pads, dilations, before)
+        assert got.shape == want.shape and got.shape[-1] == cx * m
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * k * k)
+
+
+@needs_kernel
 @pytest.mark.parametrize("act", ["", "Relu", "Clip", "Silu", "HardSwish"])
 @pytest.mark.parametrize("pre", [None, "Relu", "Clip", "HardSwish"])
 def test_depthwise_epilogues(act: str, pre: str | None) -> None:
@@ -638,7 +665,7 @@ def test_depthwise_epilogues(act: str, pre: str | None) -> None:
 
 def _dw_net(size: int = 24) -> onnx.ModelProto:
     """Depthwise convolutions followed by Relu, Clip and nothing, one with a channel multiplier
-    of 2 (XLA's) and a grouped one (16 channels a group: the convolution kernel's)."""
+    of 2 and a grouped one (16 channels a group: the convolution kernel's)."""
     c = 32
     inits = [numpy_helper.from_array(np.float32(0.0), "lo"), numpy_helper.from_array(np.float32(6.0), "hi")]
 
@@ -668,9 +695,13 @@ def test_depthwise_pass_agrees_with_onnxruntime(monkeypatch: pytest.MonkeyPatch)
     model = _dw_net()
     planned = _planned(model)
     kinds = [n.op_type for n in planned.graph.node if n.domain == native_rule.DOMAIN]
-    assert kinds == ["DepthwiseRelu", "DepthwiseClip", "Conv", "Depthwise"]
-    assert len([n for n in planned.graph.node if n.op_type == "Conv"
-                and n.domain != native_rule.DOMAIN]) == 1  # multiplier 2
+    assert kinds == ["DepthwiseRelu", "DepthwiseClip", "Depthwise", "Conv", "Depthwise"]
+    inits = {t.name: t for t in planned.graph.initializer}
+    assert [({a.name: helper.get_attribute_value(a) for a in n.attribute}["group"],
+             inits[n.input[1]].dims[-1]) for n in planned.graph.node
+            if n.op_type.startswith("Depthwise")] == [(32, 32), (32, 32), (32, 64), (64, 64)]
+    # the multiplier's group: X's 32 channels, W's 64 two of each
+    assert not any(n.op_type == "Conv" and n.domain != native_rule.DOMAIN for n in planned.graph.node)
     x = RNG.standard_normal((1, 32, 24, 24)).astype(np.float32)
     want = _agrees(model, planned, x)
     data = model.SerializeToString()
@@ -719,7 +750,7 @@ def test_clip_bounds_from_constant_nodes_fold_like_initializers(monkeypatch: pyt
     model = _bounds_as_constant_nodes(_dw_net())
     planned = _planned(model)
     assert [n.op_type for n in planned.graph.node if n.domain == native_rule.DOMAIN] \
-        == ["DepthwiseRelu", "DepthwiseClip", "Conv", "Depthwise"]
+        == ["DepthwiseRelu", "DepthwiseClip", "Depthwise", "Conv", "Depthwise"]
     assert not any(n.op_type == "Clip" for n in planned.graph.node)
     _agrees(model, planned, RNG.standard_normal((1, 32, 24, 24)).astype(np.float32))
 
@@ -791,7 +822,8 @@ def test_grouped_convolutions_run_on_the_conv_kernel_by_panels(monkeypatch: pyte
 
 @needs_kernel
 def test_small_depthwise_stay_xla_by_the_bound_of_their_cores() -> None:
-    """_dw_net(size)'s three depthwise layers do 576, 400 and 288 x size^2 flops: at 8 all under
+    """_dw_net(size)'s four depthwise layers (one a multiplier's) do 576, 400, 288 and 288 x size^2
+    flops: at 8 all under
     POOLED_DEPTHWISE_MIN_FLOPS (1e5), at 24 all over it and under DEPTHWISE_MIN_FLOPS (8e5, one
     core), at 64 all over both. Without native_threads or native_convs nothing is native."""
     def depthwise(size: int, **options: Any) -> int:
@@ -801,8 +833,8 @@ def test_small_depthwise_stay_xla_by_the_bound_of_their_cores() -> None:
                    for n in planned.graph.node)
 
     assert native_gemm.POOLED_DEPTHWISE_MIN_FLOPS == 1e5 and native_gemm.DEPTHWISE_MIN_FLOPS == 8e5
-    assert (depthwise(8, native_threads=2), depthwise(24, native_threads=2)) == (0, 3)
-    assert (depthwise(24, native_convs=True), depthwise(64, native_convs=True)) == (0, 3)
+    assert (depthwise(8, native_threads=2), depthwise(24, native_threads=2)) == (0, 4)
+    assert (depthwise(24, native_convs=True), depthwise(64, native_convs=True)) == (0, 4)
     assert depthwise(64) == 0
 
 
@@ -829,7 +861,7 @@ def test_a_model_of_small_kernels_has_every_depthwise_and_1x1_convolution_on_the
     assert native_gemm.small_kernels(model)
     planned = _planned(model)
     kinds = [n.op_type for n in planned.graph.node if n.domain == native_rule.DOMAIN]
-    assert kinds.count("Gemm") == 1 and sum("Depthwise" in k for k in kinds) == 3, kinds
+    assert kinds.count("Gemm") == 1 and sum("Depthwise" in k for k in kinds) == 4, kinds
     monkeypatch.setattr(native_gemm, "SMALL_FLOPS", 0.0)  # nothing is small: XLA's
     assert not native_gemm.small_kernels(model)
     assert not [n for n in _planned(model).graph.node if n.domain == native_rule.DOMAIN]

@@ -71,6 +71,9 @@ inline V v_mul(V a, V b) { return _mm512_mul_ps(a, b); }
 inline V v_div(V a, V b) { return _mm512_div_ps(a, b); }
 inline V v_min(V a, V b) { return _mm512_min_ps(a, b); }
 inline V v_max(V a, V b) { return _mm512_max_ps(a, b); }
+using VI = __m512i;  // lane indices
+inline V v_perm(V v, VI idx) { return _mm512_permutexvar_ps(idx, v); }  // lane l: v[idx[l]]
+inline VI vi_load(const int32_t* p) { return _mm512_loadu_si512(p); }
 #elif defined(__AVX2__) && defined(__FMA__)
 constexpr int L = 8;
 using V = __m256;
@@ -93,6 +96,9 @@ inline V v_mul(V a, V b) { return _mm256_mul_ps(a, b); }
 inline V v_div(V a, V b) { return _mm256_div_ps(a, b); }
 inline V v_min(V a, V b) { return _mm256_min_ps(a, b); }
 inline V v_max(V a, V b) { return _mm256_max_ps(a, b); }
+using VI = __m256i;
+inline V v_perm(V v, VI idx) { return _mm256_permutevar8x32_ps(v, idx); }
+inline VI vi_load(const int32_t* p) { return _mm256_loadu_si256((const __m256i*)p); }
 #else
 #error "oxla's native kernels need AVX-512F, or AVX2 and FMA"
 #endif
@@ -1164,9 +1170,9 @@ ffi::Error Swino(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi:
   return ffi::Error::Success();
 }
 
-// ---- Depthwise convolution, channels last (one output channel per input channel) -----------
+// ---- Depthwise convolution, channels last (M output channels per input channel) -----------
 //
-// Y[n, oh, ow, c] = act(bias[c] + sum_{i, j} P(X)[n, oh*sh - pt + i*dh, ow*sw - pl + j*dw, c]
+// Y[n, oh, ow, c] = act(bias[c] + sum_{i, j} P(X)[n, oh*sh - pt + i*dh, ow*sw - pl + j*dw, c / M]
 //                                        * W[i, j, c]), taps outside X reading zero,
 // where P(X) = pre_act(X + pre_bias) (pre_act Relu, Clip or HardSwish) or X itself: the bias and
 // activation of the layer that made X
@@ -1180,20 +1186,48 @@ ffi::Error Swino(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi:
 // per tap, taps outside X skipped. Work items are (image row, L channels), claimed in parts. On
 // AVX2 the compiled rows take full blocks of channels only (unmasked loads), a last partial block
 // goes one load per tap under its mask.
+// A channel multiplier M > 1 (ONNX's group = X's channels, M of W's output channels each; Keras's
+// depth_multiplier): a block of L output channels from c reads X's channels from c / M, one
+// masked load permuted so that lane l holds channel (c + l) / M (MUL instances; M = 1 compiles
+// as before).
 
 constexpr int64_t NO_PRE = -1;  // pre_act when X is read as it is
 
 struct DwJob {
-  const float* X;
+  const float* X;  // (N, H, Wd, CX)
   const float* W;  // (KH, KW, C)
   const float* bias;
-  const float* pre_bias;  // (C,) when pre_act != NO_PRE
-  float* Y;
-  int64_t N, H, Wd, C, OH, OW, KH, KW, sh, sw, dh, dw, pt, pl;
+  const float* pre_bias;  // (CX,) when pre_act != NO_PRE
+  float* Y;  // (N, OH, OW, C)
+  const int32_t* idx;  // M > 1: per block of L output channels, each lane's X channel less c / M
+  int64_t N, H, Wd, C, CX, M, OH, OW, KH, KW, sh, sw, dh, dw, pt, pl;
   int64_t cblocks, items;
   int64_t act, pre_act;
   float lo, hi, pre_lo, pre_hi;
 };
+
+// One block of L output channels from c: m its lanes; X's channels read from cx (c / M), under mx,
+// permuted by idx when M > 1 (with M = 1, cx = c and neither mx nor idx is read).
+struct DwLanes {
+  Mask m, mx;
+  VI idx;
+  int64_t cx;
+};
+
+template <bool MUL>
+inline DwLanes dw_lanes(const DwJob& j, int64_t cb) {
+  int64_t c = cb * L;
+  DwLanes d;
+  d.m = lanes(j.C - c);
+  if (MUL) {
+    d.cx = c / j.M;
+    d.mx = lanes(j.CX - d.cx);
+    d.idx = vi_load(j.idx + cb * L);
+  } else {
+    d.cx = c;
+  }
+  return d;
+}
 
 inline V activate_rt(V v, int64_t act, float lo, float hi) {
   switch (act) {
@@ -1205,26 +1239,36 @@ inline V activate_rt(V v, int64_t act, float lo, float hi) {
   }
 }
 
-// X's L channels at `x` (channels [c, c + L) under m; all of them when FULL) as the depthwise
-// taps read them.
-template <int64_t PRE, bool FULL>
-inline V load_x(const DwJob& j, const float* x, Mask m, V pre_bias) {
-  V v = FULL ? v_load(x) : v_load_m(x, m);
+// X's channels at `x` (channels [c, c + L) under m, all of them when FULL; with MUL channels
+// [cx, cx + L) under mx, permuted to the output lanes) as the depthwise taps read them; pre_bias
+// is in the output lanes.
+template <int64_t PRE, bool FULL, bool MUL>
+inline V load_x(const DwJob& j, const float* x, const DwLanes& d, V pre_bias) {
+  V v = MUL ? v_perm(v_load_m(x, d.mx), d.idx) : FULL ? v_load(x) : v_load_m(x, d.m);
   if (PRE == NO_PRE) return v;
   return activate<PRE>(v_add(v, pre_bias), j.pre_lo, j.pre_hi);
+}
+
+// The pre-activation's bias in the output lanes of block d.
+template <int64_t PRE, bool FULL, bool MUL>
+inline V load_pre_bias(const DwJob& j, const DwLanes& d, V otherwise) {
+  if (PRE == NO_PRE) return otherwise;
+  if (MUL) return v_perm(v_load_m(j.pre_bias + d.cx, d.mx), d.idx);
+  return FULL ? v_load(j.pre_bias + d.cx) : v_load_m(j.pre_bias + d.cx, d.m);
 }
 
 constexpr int DW_P = 8;  // output pixels per block
 
 // DW_P output pixels from ow0 (the first P stored), each input pixel of a kernel row loaded once;
 // CHECK: some of them lie outside X's row (they read zero).
-template <int KW_, int SW_, int64_t PRE, bool CHECK>
+template <int KW_, int SW_, int64_t PRE, bool CHECK, bool MUL>
 inline void dw_fast(const DwJob& j, const float* xn, int64_t oh, int64_t ow0, int64_t c,
-                    Mask m, float* y, int P) {
+                    const DwLanes& d, float* y, int P) {
   constexpr int IN = (DW_P - 1) * SW_ + KW_;  // input pixels one kernel row reads
   constexpr bool F = !CHEAP_MASKS;  // channel blocks: masked on AVX-512, full on AVX2
+  Mask m = d.m;
   V b = F ? v_load(j.bias + c) : v_load_m(j.bias + c, m);
-  V pb = PRE == NO_PRE ? b : F ? v_load(j.pre_bias + c) : v_load_m(j.pre_bias + c, m);
+  V pb = load_pre_bias<PRE, F, MUL>(j, d, b);
   V acc[DW_P];
 #pragma GCC unroll 8
   for (int p = 0; p < DW_P; ++p) acc[p] = b;
@@ -1232,7 +1276,7 @@ inline void dw_fast(const DwJob& j, const float* xn, int64_t oh, int64_t ow0, in
   for (int64_t a = 0; a < j.KH; ++a) {
     int64_t ih = oh * j.sh - j.pt + a * j.dh;
     if (ih < 0 || ih >= j.H) continue;
-    const float* xr = xn + ih * j.Wd * j.C + c;
+    const float* xr = xn + ih * j.Wd * j.CX + d.cx;
     V w[KW_];
 #pragma GCC unroll 8
     for (int t = 0; t < KW_; ++t) {
@@ -1242,7 +1286,8 @@ inline void dw_fast(const DwJob& j, const float* xn, int64_t oh, int64_t ow0, in
 #pragma GCC unroll 32
     for (int i = 0; i < IN; ++i) {
       int64_t iw = iw0 + i;
-      V v = !CHECK || (iw >= 0 && iw < j.Wd) ? load_x<PRE, F>(j, xr + iw * j.C, m, pb) : v_zero();
+      V v = !CHECK || (iw >= 0 && iw < j.Wd) ? load_x<PRE, F, MUL>(j, xr + iw * j.CX, d, pb)
+                                              : v_zero();
 #pragma GCC unroll 8
       for (int t = 0; t < KW_; ++t) {
         int q = i - t;
@@ -1261,18 +1306,19 @@ inline void dw_fast(const DwJob& j, const float* xn, int64_t oh, int64_t ow0, in
 }
 
 // P output pixels from ow, one load per tap; CHECK: some taps fall outside X's row.
-template <int64_t PRE, int P, bool CHECK>
+template <int64_t PRE, int P, bool CHECK, bool MUL>
 inline void dw_block(const DwJob& j, const float* xn, int64_t oh, int64_t ow, int64_t c,
-                     Mask m, float* y) {
+                     const DwLanes& d, float* y) {
+  Mask m = d.m;
   V b = v_load_m(j.bias + c, m);
-  V pb = PRE == NO_PRE ? b : v_load_m(j.pre_bias + c, m);
+  V pb = load_pre_bias<PRE, false, MUL>(j, d, b);
   V acc[P];
 #pragma GCC unroll 8
   for (int p = 0; p < P; ++p) acc[p] = b;
   for (int64_t a = 0; a < j.KH; ++a) {
     int64_t ih = oh * j.sh - j.pt + a * j.dh;
     if (ih < 0 || ih >= j.H) continue;
-    const float* xr = xn + ih * j.Wd * j.C + c;
+    const float* xr = xn + ih * j.Wd * j.CX + d.cx;
     for (int64_t t = 0; t < j.KW; ++t) {
       V w = v_load_m(j.W + (a * j.KW + t) * j.C + c, m);
       int64_t iw0 = ow * j.sw - j.pl + t * j.dw;
@@ -1280,7 +1326,7 @@ inline void dw_block(const DwJob& j, const float* xn, int64_t oh, int64_t ow, in
       for (int p = 0; p < P; ++p) {
         int64_t iw = iw0 + p * j.sw;
         if (CHECK && (iw < 0 || iw >= j.Wd)) continue;
-        acc[p] = v_fma(load_x<PRE, false>(j, xr + iw * j.C, m, pb), w, acc[p]);
+        acc[p] = v_fma(load_x<PRE, false, MUL>(j, xr + iw * j.CX, d, pb), w, acc[p]);
       }
     }
   }
@@ -1289,22 +1335,24 @@ inline void dw_block(const DwJob& j, const float* xn, int64_t oh, int64_t ow, in
     v_store_m(y + p * j.C, m, activate_rt(acc[p], j.act, j.lo, j.hi));
 }
 
-using DwFast = void (*)(const DwJob&, const float*, int64_t, int64_t, int64_t, Mask, float*, int);
+using DwFast = void (*)(const DwJob&, const float*, int64_t, int64_t, int64_t, const DwLanes&,
+                       float*, int);
 
 // The compiled kernel rows for this window ([0]: inside X, [1]: checked), or nulls.
-template <int64_t PRE>
+template <int64_t PRE, bool MUL>
 std::pair<DwFast, DwFast> dw_fast_for(const DwJob& j) {
   if (j.dw != 1) return {nullptr, nullptr};
-#define OXLA_DW(K, S) \
-  if (j.KW == K && j.sw == S) return {dw_fast<K, S, PRE, false>, dw_fast<K, S, PRE, true>};
+#define OXLA_DW(K, S)          \
+  if (j.KW == K && j.sw == S) \
+    return {dw_fast<K, S, PRE, false, MUL>, dw_fast<K, S, PRE, true, MUL>};
   OXLA_DW(3, 1) OXLA_DW(3, 2) OXLA_DW(5, 1) OXLA_DW(5, 2) OXLA_DW(7, 1) OXLA_DW(7, 2)
 #undef OXLA_DW
   return {nullptr, nullptr};
 }
 
-template <int64_t PRE>
+template <int64_t PRE, bool MUL>
 void dw_items(const DwJob& j, int64_t i0, int64_t i1) {
-  auto [fast, checked] = dw_fast_for<PRE>(j);
+  auto [fast, checked] = dw_fast_for<PRE, MUL>(j);
   for (int64_t it = i0; it < i1;) {
     // the items of one row in this range: its channel blocks [cb0, cb1), taken per pixel block
     // (every channel of a pixel block before the next: X's rows are read in address order, each
@@ -1316,7 +1364,7 @@ void dw_items(const DwJob& j, int64_t i0, int64_t i1) {
     int64_t cb1 = std::min(j.cblocks, cb0 + (i1 - it));
     it += cb1 - cb0;
     int64_t n = r / j.OH, oh = r % j.OH;
-    const float* xn = j.X + n * j.H * j.Wd * j.C;
+    const float* xn = j.X + n * j.H * j.Wd * j.CX;
     float* yrow = j.Y + r * j.OW * j.C;
     for (int64_t ow = 0; ow < j.OW; ow += DW_P) {
       int p = (int)(j.OW - ow < DW_P ? j.OW - ow : DW_P);
@@ -1325,15 +1373,16 @@ void dw_items(const DwJob& j, int64_t i0, int64_t i1) {
                     (ow + DW_P - 1) * j.sw - j.pl + (j.KW - 1) * j.dw < j.Wd;
       for (int64_t cb = cb0; cb < cb1; ++cb) {
         int64_t c = cb * L;
-        Mask m = lanes(j.C - c);
+        DwLanes d = dw_lanes<MUL>(j, cb);
         bool fast_here = fast != nullptr && (CHEAP_MASKS || j.C - c >= L);
         float* y = yrow + ow * j.C + c;
-        if (fast_here && inside) fast(j, xn, oh, ow, c, m, y, p);
-        else if (fast_here) checked(j, xn, oh, ow, c, m, y, p);
-        else if (p == DW_P && inside) dw_block<PRE, DW_P, false>(j, xn, oh, ow, c, m, y);
-        else if (p == DW_P) dw_block<PRE, DW_P, true>(j, xn, oh, ow, c, m, y);
+        if (fast_here && inside) fast(j, xn, oh, ow, c, d, y, p);
+        else if (fast_here) checked(j, xn, oh, ow, c, d, y, p);
+        else if (p == DW_P && inside) dw_block<PRE, DW_P, false, MUL>(j, xn, oh, ow, c, d, y);
+        else if (p == DW_P) dw_block<PRE, DW_P, true, MUL>(j, xn, oh, ow, c, d, y);
         else
-          for (int q = 0; q < p; ++q) dw_block<PRE, 1, true>(j, xn, oh, ow + q, c, m, y + q * j.C);
+          for (int q = 0; q < p; ++q)
+            dw_block<PRE, 1, true, MUL>(j, xn, oh, ow + q, c, d, y + q * j.C);
       }
     }
   }
@@ -1342,11 +1391,14 @@ void dw_items(const DwJob& j, int64_t i0, int64_t i1) {
 void dw_part(const void* ctx, const Part& p) {
   const DwJob& j = *static_cast<const DwJob*>(ctx);
   int64_t i0 = p.lo(j.items), i1 = p.hi(j.items);
+  bool mul = j.M > 1;
   switch (j.pre_act) {  // the activations compiled as pre_act (Sdwconv accepts no other)
-    case RELU: dw_items<RELU>(j, i0, i1); break;
-    case CLIP: dw_items<CLIP>(j, i0, i1); break;
-    case HARD_SWISH: dw_items<HARD_SWISH>(j, i0, i1); break;
-    default: dw_items<NO_PRE>(j, i0, i1); break;
+    case RELU: mul ? dw_items<RELU, true>(j, i0, i1) : dw_items<RELU, false>(j, i0, i1); break;
+    case CLIP: mul ? dw_items<CLIP, true>(j, i0, i1) : dw_items<CLIP, false>(j, i0, i1); break;
+    case HARD_SWISH:
+      mul ? dw_items<HARD_SWISH, true>(j, i0, i1) : dw_items<HARD_SWISH, false>(j, i0, i1);
+      break;
+    default: mul ? dw_items<NO_PRE, true>(j, i0, i1) : dw_items<NO_PRE, false>(j, i0, i1); break;
   }
 }
 
@@ -1356,12 +1408,12 @@ ffi::Error Sdwconv(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
                    float hi, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt,
                    int64_t pl, int64_t pre_act, float pre_lo, float pre_hi) {
   auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
-  if (xd.size() != 4 || wd.size() != 3 || yd.size() != 4 || xd[0] != yd[0] || xd[3] != yd[3] ||
-      wd[2] != xd[3])
+  if (xd.size() != 4 || wd.size() != 3 || yd.size() != 4 || xd[0] != yd[0] || wd[2] != yd[3] ||
+      xd[3] < 1 || yd[3] % xd[3] != 0)
     return ffi::Error::InvalidArgument("oxla_sdwconv: operand shapes");
   if (sh < 1 || sw < 1 || dh < 1 || dw < 1 || pt < 0 || pl < 0 || wd[0] < 1 || wd[1] < 1)
     return ffi::Error::InvalidArgument("oxla_sdwconv: window");
-  if ((int64_t)bias.element_count() != xd[3])
+  if ((int64_t)bias.element_count() != yd[3])
     return ffi::Error::InvalidArgument("oxla_sdwconv: bias length");
   if (act < NONE || act > HARD_SWISH ||
       (pre_act != NO_PRE && pre_act != RELU && pre_act != CLIP && pre_act != HARD_SWISH))
@@ -1369,13 +1421,17 @@ ffi::Error Sdwconv(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   if ((int64_t)pre_bias.element_count() != (pre_act == NO_PRE ? 0 : xd[3]))
     return ffi::Error::InvalidArgument("oxla_sdwconv: pre_bias length");
   DwJob j;
-  j.N = xd[0]; j.H = xd[1]; j.Wd = xd[2]; j.C = xd[3];
+  j.N = xd[0]; j.H = xd[1]; j.Wd = xd[2]; j.CX = xd[3]; j.C = yd[3]; j.M = j.C / j.CX;
   j.OH = yd[1]; j.OW = yd[2];
   j.KH = wd[0]; j.KW = wd[1];
   j.sh = sh; j.sw = sw; j.dh = dh; j.dw = dw; j.pt = pt; j.pl = pl;
   j.cblocks = (j.C + L - 1) / L;
   j.items = j.N * j.OH * j.cblocks;
   if (j.items == 0 || j.OW == 0) return ffi::Error::Success();
+  std::vector<int32_t> idx(j.M > 1 ? j.cblocks * L : 0);
+  for (int64_t c = 0; c < (int64_t)idx.size(); ++c)  // lanes past C repeat the last channel
+    idx[c] = (int32_t)(std::min(c, j.C - 1) / j.M - c / L * L / j.M);
+  j.idx = idx.data();
   j.X = x.typed_data();
   j.W = w.typed_data();
   j.bias = bias.typed_data();

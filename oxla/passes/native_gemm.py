@@ -893,21 +893,24 @@ def _bias(node: NodeProto, inits: dict[str, TensorProto], n: int) -> tuple[bool,
 
 
 def _depthwise(node: NodeProto, producers: dict[str, NodeProto], inits: dict[str, TensorProto]
-               ) -> tuple[np.ndarray, np.ndarray | None, dict[str, list[int]]] | None:
-    """(W as (KH, KW, C) float32, the (C,) bias or None, the window) of a
-    channels-last depthwise Conv (one output channel per input channel) the kernel can run."""
+               ) -> tuple[np.ndarray, np.ndarray | None, dict[str, list[int]], int] | None:
+    """(W as (KH, KW, C) float32, the (C,) bias or None, the window, the group) of a
+    channels-last depthwise Conv (one input channel per group, of at least two: C / group output
+    channels each input channel's) the kernel can run."""
     if not (node.op_type == "Conv" and node.domain == LAST and len(node.input) >= 2):
         return None
     found = conv_hwio(node, producers, inits)
     if found is None or found[0].ndim != 4 or found[0].dtype != np.float32:
         return None
     kh, kw, one, c = found[0].shape
-    window = _window(node, (kh, kw), group=c) if one == 1 and c > 1 else None
+    group = next((int(attribute_value(a)) for a in node.attribute if a.name == "group"), 1)
+    window = _window(node, (kh, kw), group=group) \
+        if one == 1 and 1 < group <= c and c % group == 0 else None
     plain, b = _bias(node, inits, c)
     if window is None or not plain:
         return None
     del window["kernel_shape"]  # W's shape
-    return np.ascontiguousarray(found[0][:, :, 0, :]), b, window
+    return np.ascontiguousarray(found[0][:, :, 0, :]), b, window, group
 
 
 def depthwise_to_native(model: ModelProto, small: bool = False, pooled: bool = False) -> int:
@@ -935,7 +938,7 @@ def depthwise_to_native(model: ModelProto, small: bool = False, pooled: bool = F
     if not candidates or not native.available():
         return 0
     g, removed, moved, _ = _rewriting(model, inits)
-    for node, kernel, b, window in candidates:
+    for node, kernel, b, window, group in candidates:
         pre = _pre_activation(g, node, producers, rows, small) if PRE_ACTIVATION else None
         padded = None if pre is not None else _zero_pad(g, node, producers)
         if padded is not None:  # an explicit Pad before (tf2onnx's): the kernel's own pads
@@ -964,7 +967,7 @@ def depthwise_to_native(model: ModelProto, small: bool = False, pooled: bool = F
             g.taken.add(id(act_node))
         inputs.extend(fold.bounds or ())
         _rewrite(g, node, depthwise_op_type(pre[2].activation if pre else None, fold.activation),
-                 inputs, {**window, "group": kernel.shape[2]}, fold, removed, moved)
+                 inputs, {**window, "group": group}, fold, removed, moved)
     _finish(model, opsets, removed, moved)
     return len(candidates)
 

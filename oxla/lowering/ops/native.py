@@ -26,9 +26,9 @@ of a channels-last X by Winograd F(2x2, 3x3): W is its transform U = G g G^T (4,
 (C, M) products, each packed like a GEMM's W: (16, ceil(M / 32), C, 32); B, R and the
 activation as Gemm*'s.
 
-Depthwise* (Depthwise, DepthwiseRelu, ...) is a 2-D depthwise convolution (group = channels, one
-output channel each) of a channels-last X: W is (KH, KW, C), B (C,), the node carries strides,
-pads, dilations and group (= C, for its function body) as ONNX's Conv does.
+Depthwise* (Depthwise, DepthwiseRelu, ...) is a 2-D depthwise convolution (group = X's channels,
+C / group output channels each) of a channels-last X: W is (KH, KW, C), B (C,), the node carries
+strides, pads, dilations and group (for its function body) as ONNX's Conv does.
 """
 
 from __future__ import annotations
@@ -269,9 +269,10 @@ def _register_conv(residual: bool, activation: str) -> None:
 
 
 def _depthwise(cx, x, w, b, activation: str, lo: float, hi: float, strides, pads, dilations,
-               pre: tuple[Any, str, float, float] | None = None):
+               pre: tuple[Any, str, float, float] | None = None, group: int | None = None):
     """The depthwise convolution of X, or of pre_act(X + pre_bias) when `pre` = (pre_bias,
-    pre_act, its lo, its hi)."""
+    pre_act, its lo, its hi). `group` is X's channel count (the Conv's group; W's C when absent):
+    W's C output channels are C / group of each input channel's (a channel multiplier)."""
     window = (strides, pads, dilations)
     if any(a is None for a in window) or [len(a) for a in window] != [2, 4, 2] or w.ndim != 3:
         raise cx.fail("needs a (KH, KW, C) kernel and 2-D strides, pads and dilations attributes, "
@@ -279,16 +280,21 @@ def _depthwise(cx, x, w, b, activation: str, lo: float, hi: float, strides, pads
                       "planner")
     _check_window(cx, w.shape, strides, pads, dilations)
     kh, kw, c = (int(v) for v in w.shape)
+    ci = c if group is None else int(group)
+    if ci < 1 or c % ci:
+        raise cx.fail(f"group {ci} does not divide the kernel's {c} output channels; this node "
+                      f"was not made by oxla's planner")
     sh, sw = (int(v) for v in strides)
     dh, dw = (int(v) for v in dilations)
     pt, pl, pb, pr = (int(v) for v in pads)
-    if x.ndim != 4 or x.shape[-1] != c:
-        raise cx.shape_error(f"X {tuple(x.shape)} is not (N, H, W, {c}) as the depthwise kernel "
+    if x.ndim != 4 or x.shape[-1] != ci:
+        raise cx.shape_error(f"X {tuple(x.shape)} is not (N, H, W, {ci}) as the depthwise kernel "
                              f"reads; check the model's Conv input")
-    for what, v in (("bias", b), ("pre-activation's bias", None if pre is None else pre[0])):
-        if v is not None and tuple(v.shape) != (c,):
-            raise cx.shape_error(f"the {what} {tuple(v.shape)} is not ({c},) as the kernel "
-                                 f"{tuple(w.shape)}; this node was not made by oxla's planner")
+    for what, v, n in (("bias", b, c), ("pre-activation's bias", None if pre is None else pre[0], ci)):
+        if v is not None and tuple(v.shape) != (n,):
+            raise cx.shape_error(f"the {what} {tuple(v.shape)} is not ({n},) as the kernel "
+                                 f"{tuple(w.shape)} of group {ci}; this node was not made by "
+                                 f"oxla's planner")
     oh, ow = _out_sizes(cx, x, (kh, kw), (sh, sw), (pt, pl, pb, pr), (dh, dw))
     if x.dtype == jnp.float32 and native.available():
         return depthwise(x, w, b, (oh, ow), (sh, sw), (pt, pl), (dh, dw),
@@ -298,18 +304,19 @@ def _depthwise(cx, x, w, b, activation: str, lo: float, hi: float, strides, pads
     y = lax.conv_general_dilated(x, w.astype(x.dtype)[:, :, None, :], (sh, sw),
                                  [(pt, pb), (pl, pr)], rhs_dilation=(dh, dw),
                                  dimension_numbers=("NHWC", "HWIO", "NHWC"),
-                                 feature_group_count=c) + b.astype(x.dtype)
+                                 feature_group_count=ci) + b.astype(x.dtype)
     return _epilogue(y, activation, lo, hi)
 
 
 def depthwise(x, w, b, out: tuple[int, int], strides: tuple[int, int], begin: tuple[int, int],
               dilations: tuple[int, int], threads: int, activation: str = "", lo: float = 0.0,
               hi: float = 0.0, pre: tuple[Any, str, float, float] | None = None):
-    """The native depthwise kernel's call: float32 X (N, H, W, C), W (KH, KW, C), B (C,), the
-    output's (OH, OW) and the pads before each axis (those after follow from OH, OW); `pre`
-    (pre_bias, pre_act, lo, hi): X is read as pre_act(X + pre_bias)."""
+    """The native depthwise kernel's call: float32 X (N, H, W, CX), W (KH, KW, C), B (C,) (C a
+    multiple of CX: C / CX output channels each input channel's), the output's (OH, OW) and the
+    pads before each axis (those after follow from OH, OW); `pre` (pre_bias (CX,), pre_act, lo,
+    hi): X is read as pre_act(X + pre_bias)."""
     i64 = np.int64
-    shape = jax.ShapeDtypeStruct((x.shape[0], *out, x.shape[-1]), jnp.float32)
+    shape = jax.ShapeDtypeStruct((x.shape[0], *out, w.shape[-1]), jnp.float32)
     pre_bias, pre_act, pre_lo, pre_hi = pre if pre is not None else (
         jnp.zeros((0,), jnp.float32), None, 0.0, 0.0)
     return jax.ffi.ffi_call(native.DEPTHWISE_TARGET, shape)(
@@ -338,7 +345,7 @@ def _register_depthwise(pre: str | None, activation: str) -> None:
         pre_lo, pre_hi = (bounds.pop(0), bounds.pop(0)) if pre == "Clip" else (0.0, 0.0)
         lo, hi = (bounds[0], bounds[1]) if activation == "Clip" else (0.0, 0.0)
         return _depthwise(cx, x, w, b, activation, lo, hi, strides, pads, dilations,
-                          None if pre is None else (pre_bias, pre, pre_lo, pre_hi))
+                          None if pre is None else (pre_bias, pre, pre_lo, pre_hi), group)
 
     bounds = ("e2", "e3", "e4", "e5") if pre else ("e1", "e2", "e3", "e4", "e5")
     rule(depthwise_op_type(pre, activation), since=1, domain=DOMAIN, static=bounds)(fn)
