@@ -31,6 +31,7 @@ from oxla.passes.native_gemm import (
     stems_to_native,
 )
 from oxla.passes.nms_split import split_non_max_suppression, trim_nms_rows
+from oxla.passes.ort_fused import unfuse_ort_ops
 from oxla.passes.pad_ahead import pad_ahead
 from oxla.passes.qdq_conv import qdq_adds_to_qlinear, qdq_conv_to_integer, quantized_max_pools
 from oxla.passes.qlinear_conv import qlinear_conv_centered
@@ -97,6 +98,7 @@ def prepare(model: ModelProto, options: Options) -> tuple[DispatchTable, bool]:
     if not options.bake_weights:
         large_constants_to_initializers(model)
         if options.layout_weights:
+            unfuse_ort_ops(model)  # onnxruntime's FusedConv / FusedGemm: the passes see Conv, Gemm
             # read before the other passes rewrite the graph (shape inference knows standard ops)
             small = bool(options.native_threads and options.channels_last) and small_kernels(model)
             qdq_conv_to_integer(model)
