@@ -8,7 +8,8 @@ into the kernel's panels of 32 columns and a bias (zeros where the model had non
 the product alone is folded into the kernel's epilogue, applied to each tile while it is in L1:
 - a residual Add (of a tensor of the product's shape in the kernel; another shape, which the
   rule sees at trace time, is broadcast and added by XLA), then
-- an activation: Relu, Clip with constant bounds, SiLU (Sigmoid(Y) * Y) or HardSwish.
+- an activation: Relu, Clip with constant bounds, SiLU (Sigmoid(Y) * Y) or HardSwish (the op, or
+  Y * HardSigmoid(Y) of alpha 1/6 and beta 1/2, its function body).
 The op type names what was folded: Gemm, GemmRelu, GemmAdd, GemmAddRelu, GemmSilu, ...
 
 Other 2-D group-1 convolutions with a constant float32 kernel and explicit (or VALID) pads become
@@ -407,10 +408,13 @@ def _activation(g: _Graph, name: str, fold: _Fold) -> None:
     """Fold the activation that alone reads `name`, if it is one the kernel has."""
     readers = g.readers.get(name, [])
     if len(readers) == 2 and not any(id(r) in g.taken for r in readers):
-        sigmoid = next((r for r in readers if r.op_type == "Sigmoid"
-                        and r.domain in ("", "ai.onnx")), None)
-        if sigmoid is not None:
-            _silu(g, name, sigmoid, fold)
+        for r in readers:
+            if r.domain not in ("", "ai.onnx"):
+                continue
+            if r.op_type == "Sigmoid":
+                _gated(g, name, r, fold, "Silu")
+            elif r.op_type == "HardSigmoid" and _is_hard_swish_gate(r):
+                _gated(g, name, r, fold, "HardSwish")
         return
     node = g.only_reader(name)
     if node is None:
@@ -426,17 +430,26 @@ def _activation(g: _Graph, name: str, fold: _Fold) -> None:
         fold.absorbed, fold.output = (*fold.absorbed, node), node.output[0]
 
 
-def _silu(g: _Graph, name: str, sigmoid: NodeProto, fold: _Fold) -> None:
-    """Y read by Sigmoid and by Mul(Y, Sigmoid(Y)) alone: SiLU."""
+def _is_hard_swish_gate(node: NodeProto) -> bool:
+    """HardSigmoid(alpha 1/6, beta 1/2): HardSwish's gate (HardSwish's function body; torch
+    writes HardSwish so before opset 14, and onnxruntime's optimizer saves the body inlined)."""
+    attrs = {a.name: attribute_value(a) for a in node.attribute}
+    return len(node.input) == 1 and set(attrs) <= {"alpha", "beta"} \
+        and abs(attrs.get("alpha", 0.2) - 1 / 6) < 1e-6 and abs(attrs.get("beta", 0.5) - 0.5) < 1e-6
+
+
+def _gated(g: _Graph, name: str, gate: NodeProto, fold: _Fold, activation: str) -> None:
+    """Y read by `gate` and by Mul(Y, gate(Y)) alone: SiLU (a Sigmoid gate) or HardSwish (its
+    HardSigmoid gate)."""
     readers = g.readers.get(name, [])
     if len(readers) != 2 or name in g.outputs:
         return
-    mul = next((r for r in readers if r is not sigmoid), None)
-    s = sigmoid.output[0]
+    mul = next((r for r in readers if r is not gate), None)
+    s = gate.output[0]
     if mul is None or mul.op_type != "Mul" or mul.domain not in ("", "ai.onnx") \
             or sorted(mul.input) != sorted([name, s]) or g.only_reader(s) is not mul:
         return
-    fold.activation, fold.absorbed = "Silu", (*fold.absorbed, sigmoid, mul)
+    fold.activation, fold.absorbed = activation, (*fold.absorbed, gate, mul)
     fold.output = mul.output[0]
 
 
@@ -958,13 +971,13 @@ def depthwise_to_native(model: ModelProto, small: bool = False, pooled: bool = F
         graph.initializer.append(numpy_helper.from_array(bias.astype(np.float32), bias_name))
         inputs = [node.input[0], w_name, bias_name]
         if pre is not None:  # read the product itself, its bias and activation applied per load
-            product, act_node, pre_fold, pre_value = pre
+            product, _, pre_fold, pre_value = pre
             pre_bias = f"{node.output[0]}{PRE_BIAS_SUFFIX}"
             graph.initializer.append(numpy_helper.from_array(pre_value, pre_bias))
             del product.input[2:]
             inputs = [product.output[0], w_name, bias_name, pre_bias, *(pre_fold.bounds or ())]
-            removed.add(id(act_node))
-            g.taken.add(id(act_node))
+            removed.update(id(n) for n in pre_fold.absorbed)  # the activation (HardSwish's two)
+            g.taken.update(id(n) for n in pre_fold.absorbed)
         inputs.extend(fold.bounds or ())
         _rewrite(g, node, depthwise_op_type(pre[2].activation if pre else None, fold.activation),
                  inputs, {**window, "group": group}, fold, removed, moved)
@@ -1030,10 +1043,15 @@ def _pre_activation(g: _Graph, node: NodeProto, producers: dict[str, NodeProto],
     if act is None or act.domain not in ("", "ai.onnx") or act.output[0] in g.outputs \
             or [id(r) for r in g.readers.get(act.output[0], [])] != [id(node)]:
         return None
+    source = act.input[0]
+    if act.op_type == "Mul" and len(act.input) == 2:  # HardSwish as its gate and a Mul
+        gate = producers.get(act.input[0])
+        source = act.input[1] if gate is not None and gate.op_type == "HardSigmoid" else source
     fold = _Fold()
-    _activation(g, act.input[0], fold)
-    product = producers.get(act.input[0])
-    if fold.absorbed != (act,) or fold.activation not in PRE_ACTIVATIONS or product is None \
+    _activation(g, source, fold)
+    product = producers.get(source)
+    if not fold.absorbed or fold.absorbed[-1] is not act or fold.activation not in PRE_ACTIVATIONS \
+            or product is None \
             or product.op_type != "Conv" or product.domain != LAST or len(product.input) != 3 \
             or not _pointwise(product) or product.input[2] not in g.inits:
         return None
