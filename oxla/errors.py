@@ -98,13 +98,20 @@ def rule_failure(node: NodeRef, inputs: Sequence[object], cause: BaseException) 
 def unsupported_ops(gaps: Iterable[tuple[Any, ...]]) -> UnsupportedOpError:
     """One error listing every (domain, op, opset, node[, reason]) oxla cannot run."""
     lines = []
+    nchwc = False
     for gap in sorted(set(gaps)):
         domain, op, opset, node = gap[:4]
         why = f": {gap[4]}" if len(gap) > 4 and gap[4] else ""
         lines.append(f"  {domain or 'ai.onnx'}::{op} at opset {opset} (node '{node}'){why}")
+        nchwc = nchwc or domain == "com.microsoft.nchwc"
+    # onnxruntime's ORT_ENABLE_ALL level saves its CPU's blocked layout (8 or 16 channels a block
+    # by its instruction set), which its own documentation says not to ship
+    hint = ("\nThe com.microsoft.nchwc ops are onnxruntime's blocked layout for the CPU that saved "
+            "the file (SessionOptions.graph_optimization_level ORT_ENABLE_ALL): save the model at "
+            "ORT_ENABLE_EXTENDED instead, whose fused ops oxla runs." if nchwc else "")
     return UnsupportedOpError(
         "The model uses operators oxla cannot run (no lowering rule and no function body):\n"
         + "\n".join(lines)
         + "\nWhat to do: convert the model to a supported opset, replace these ops, or"
-        " provide them as model-local functions."
+        " provide them as model-local functions." + hint
     )

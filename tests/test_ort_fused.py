@@ -168,3 +168,17 @@ def test_fused_clip_takes_the_bounds_its_opset_reads(opset: int) -> None:
     got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": data})[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert got.min() >= -0.5 and got.max() <= 0.5 and (got == 0.5).any()
+
+
+def test_a_file_in_onnxruntimes_blocked_layout_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    """ORT_ENABLE_ALL saves convolutions in the blocked layout of the CPU that ran it
+    (com.microsoft.nchwc): refused, naming the level to save at instead."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.optimized_model_filepath = str(tmp_path / "all.onnx")
+    ort.InferenceSession(_net().SerializeToString(), options, providers=["CPUExecutionProvider"])
+    if not any(n.domain == "com.microsoft.nchwc" for n in onnx.load(str(tmp_path / "all.onnx")).graph.node):
+        pytest.skip("this onnxruntime build saved no NCHWc ops on this CPU")
+    with pytest.raises(oxla.UnsupportedOpError, match="ORT_ENABLE_EXTENDED") as caught:
+        oxla.InferenceSession(str(tmp_path / "all.onnx"))
+    assert "com.microsoft.nchwc::Conv" in str(caught.value)
