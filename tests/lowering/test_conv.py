@@ -92,15 +92,20 @@ def test_conv_forms(case: str) -> None:
     check_node("Conv", inputs, ort=ort, rtol=1e-4, atol=1e-4, **attrs)
 
 
-def test_conv_depthwise_weights_stored_by_the_session() -> None:
-    # sessions store W as HWIO behind a Transpose (WeightLayoutPass): the forms read it through it
+@pytest.mark.parametrize("kernel", [False, True])
+def test_conv_depthwise_weights_stored_by_the_session(kernel: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # sessions store W as HWIO behind a Transpose (WeightLayoutPass): XLA's forms read it through
+    # it; with the native depthwise kernel (a channel multiplier of 2 here) NativeGemmPass reads it
     import onnxruntime as ort
     from onnx import numpy_helper
 
     import oxla
+    from oxla.passes import native_gemm
     from oxla.passes.weight_layout import SUFFIX
     from tests.lowering.util import node_model
 
+    if not kernel:
+        monkeypatch.setattr(native_gemm, "DEPTHWISE", False)
     x, w, b = rand(2, 8, 10, 10), rand(16, 1, 5, 5), rand(16)
     model = node_model("Conv", {"x": x}, group=8, pads=[2, 2, 2, 2])
     model.graph.node[0].input.extend(["w", "b"])
@@ -108,7 +113,9 @@ def test_conv_depthwise_weights_stored_by_the_session() -> None:
     data = model.SerializeToString()
     sess = oxla.InferenceSession(data)
     # (a model this small has its weights compiled in as constants: plan.SMALL_WEIGHTS)
-    assert "w" + SUFFIX in sess.compiled.constants
+    native = any(n.op_type.startswith("Depthwise") for n in sess.compiled.plan.nodes)
+    assert native or "w" + SUFFIX in sess.compiled.constants
+    assert not native or kernel
     got = sess.run(None, {"x": x})[0]
     want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
