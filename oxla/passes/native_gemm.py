@@ -290,6 +290,31 @@ def _reaches(rows: dict[str, int], name: str, size: int, bound: float, small: bo
     return 2 * (known or 1) * size >= bound
 
 
+# Ops whose first output has the rows of their first input (Reshape: as a transformer's to and
+# from 2-D products), through which a value whose rows shape inference left unknown takes its
+# ancestor's: onnx's inference types nothing after a com.microsoft op (onnxruntime's transformer
+# optimizer writes Attention, SkipLayerNormalization and Gelu between the products)
+ROW_KEEPING = frozenset({("com.microsoft", op) for op in (
+    "Attention", "MultiHeadAttention", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
+    "Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BiasAdd", "FusedMatMul")}
+    | {("", op) for op in ("Reshape", "MatMul", "Gemm", "Add", "Mul", "Cast", "Identity",
+                           "LayerNormalization", *PER_ROW)})
+
+
+def _rows_through(rows: dict[str, int], name: str, producers: Mapping[str, NodeProto]) -> int:
+    """The rows of `name`, or where shape inference left them unknown those of its nearest
+    ancestor through ROW_KEEPING ops' first inputs (1 where none is known). A model that
+    onnxruntime's transformer optimizer wrote (BERT-base: Attention, SkipLayerNormalization and
+    Gelu between its products) had every product counted as one row: XLA's dots, 1.08-1.11x
+    onnxruntime's time."""
+    seen = {name}
+    while (known := rows.get(name)) is None and (p := producers.get(name)) is not None \
+            and (p.domain, p.op_type) in ROW_KEEPING and p.input and p.input[0] not in seen:
+        name = p.input[0]
+        seen.add(name)
+    return known or 1
+
+
 def _pooled_values(nodes: Sequence[NodeProto]) -> set[str]:
     """Values computed from a global pooling through 1x1 convolutions and unary activations
     alone (a squeeze-excitation branch: one row per image, whatever shape inference knows)."""
@@ -819,15 +844,16 @@ def _constant_matrix(name: str, producers: dict[str, NodeProto], inits: dict[str
 
 
 def matmuls_to_native(model: ModelProto, small: bool = False, pooled: bool = False) -> int:
-    """MatMul by a constant float32 (K, N) matrix of at least MIN_FLOPS (K and N from
-    MATMUL_MIN_DIM, POOLED_MATMUL_MIN_DIM in a session on several cores (`pooled`, on
-    POOLED_MATMUL_ISAS only), or N from WIDE_RATIO K) becomes an
+    """MatMul (or plain Gemm, its constant C the bias) by a constant float32 (K, N) matrix of at
+    least MIN_FLOPS (rows through `_rows_through`; K and N from MATMUL_MIN_DIM,
+    POOLED_MATMUL_MIN_DIM in a session on several cores (`pooled`, on POOLED_MATMUL_ISAS only),
+    or N from WIDE_RATIO K) becomes an
     `oxla.native::Gemm*` node, the Add of a constant (N,) bias after it its bias and an
     activation after that its epilogue; returns how many. For sessions on one core, where XLA
     runs these products as Eigen's dots (docs/benchmarks.md, thirteenth round), on several
     (YNNPACK's dots, twenty-second round), and for models of
-    small kernels (`small`: any flops; a plain Gemm too, its C the bias), where the kernel splits
-    a classifier's matrix-vector products with its helpers."""
+    small kernels (`small`: any flops), where the kernel splits a classifier's matrix-vector
+    products with its helpers."""
     if pooled and not small and native.isa() not in POOLED_MATMUL_ISAS:
         return 0
     min_dim = POOLED_MATMUL_MIN_DIM if pooled and native.isa() in POOLED_MATMUL_ISAS \
@@ -841,12 +867,13 @@ def matmuls_to_native(model: ModelProto, small: bool = False, pooled: bool = Fal
     for node in graph.node:
         if node.domain not in ("", "ai.onnx") or not (
                 (node.op_type == "MatMul" and len(node.input) == 2)
-                or (small and node.op_type == "Gemm" and _plain_gemm(node))):
+                or (node.op_type == "Gemm" and _plain_gemm(node))):
             continue
         found = _constant_matrix(node.input[1], producers, inits)
         if found is not None and (min(found[0].shape) >= min_dim or (
                 found[0].shape[1] >= WIDE_RATIO * found[0].shape[0] >= WIDE_RATIO * WIDE_MIN_K)) \
-                and (small or 2 * rows.get(node.input[0], 1) * found[0].size >= MIN_FLOPS):
+                and (small or 2 * _rows_through(rows, node.input[0], producers) * found[0].size
+                     >= MIN_FLOPS):
             c = None
             if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
                 c = _constant_vector(node.input[2], inits, found[0].shape[1])
