@@ -1136,7 +1136,7 @@ def test_products_after_a_com_microsoft_op_count_their_ancestors_rows() -> None:
     SkipLayerNormalization) between a model's products, and its Gemm between Reshapes; onnx's
     shape inference types nothing after such an op, so the Gemm counted as one row and stayed
     XLA's (ORT-optimized BERT-base 1.08-1.11x onnxruntime's time, 0.99x with them native). Such
-    a product takes the rows of its nearest known ancestor through row-keeping ops."""
+    a product takes the rows of its nearest ancestor (through first inputs) whose rows are known."""
     w1 = numpy_helper.from_array((RNG.standard_normal((512, 512)) * 0.04).astype(np.float32), "w1")
     w2 = numpy_helper.from_array((RNG.standard_normal((512, 512)) * 0.04).astype(np.float32), "w2")
     b2 = numpy_helper.from_array(RNG.standard_normal(512).astype(np.float32), "b2")
