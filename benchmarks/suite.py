@@ -1,6 +1,7 @@
 """The benchmark suite: real-architecture models, oxla next to onnxruntime in one run.
 
     python -m benchmarks.suite [--models a,b] [--threads default,1] [--seconds 2] [--write docs/benchmarks.md]
+                               [--ort-optimized]
 
 Models come from `scripts/export_bench_models.py` (run it once with a Python that has torch and
 transformers; it writes `benchmarks/.cache/suite/<name>.onnx` and a sample of feeds `<name>.npz`);
@@ -14,6 +15,11 @@ the median of the per-call times. Every block starts once the process's other th
 stopped using CPU (`benchmarks.run.wait_idle`: onnxruntime's pool threads spin for 40-55 ms after
 its last call), and its first two calls run but are not counted, on both sides. The geomean of
 oxla/onnxruntime is reported per thread setting.
+
+`--ort-optimized`: each model as onnxruntime's optimizer saves it at its extended level
+(`SessionOptions.optimized_model_filepath`, as its tools and Optimum write files: com.microsoft
+FusedConv, FusedGemm, QuickGelu, SkipLayerNormalization, Gelu, ...), made on first use into
+`benchmarks/.cache/suite/ort_extended/`; both runtimes run that file.
 
 The share of the machine's CPU time the hypervisor stole while a model was timed (/proc/stat) is
 printed with it. A model timed while more than --steal-limit was stolen is timed again, in a new
@@ -64,6 +70,27 @@ MODELS: dict[str, tuple[str, str]] = {
 }
 
 
+OPTIMIZED_DIR = SUITE_DIR / "ort_extended"
+
+
+def ort_optimized(path: Path, name: str) -> Path:
+    """The model at `path` as onnxruntime's optimizer saves it at ORT_ENABLE_EXTENDED (made once,
+    again when the source is newer)."""
+    import onnxruntime as ort
+
+    out = OPTIMIZED_DIR / f"{name}.onnx"
+    if out.exists() and out.stat().st_mtime >= path.stat().st_mtime:
+        return out
+    OPTIMIZED_DIR.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp.onnx")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(tmp)
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    os.replace(tmp, out)
+    return out
+
+
 def model_files(name: str) -> tuple[Path, Path] | None:
     """(model, sample feeds) of a suite model: the exported one, else the shipped one."""
     for folder in (SUITE_DIR, SHIPPED_DIR):
@@ -106,8 +133,10 @@ def _compare(got: list[Any], want: list[Any]) -> tuple[float, float]:
     return diff, rel
 
 
-def measure(name: str, threads: int, seconds: float, idle: bool = True) -> Row:
-    """One model in this process: load, first call, agreement, then interleaved timing."""
+def measure(name: str, threads: int, seconds: float, idle: bool = True,
+            optimized: bool = False) -> Row:
+    """One model in this process: load, first call, agreement, then interleaved timing
+    (`optimized`: of the file onnxruntime's optimizer saves, `ort_optimized`)."""
     import onnxruntime as ort
 
     import oxla
@@ -115,7 +144,7 @@ def measure(name: str, threads: int, seconds: float, idle: bool = True) -> Row:
     files = model_files(name)
     if files is None:
         raise FileNotFoundError(f"no exported or shipped model '{name}'")
-    path = str(files[0])
+    path = str(ort_optimized(files[0], name) if optimized else files[0])
     with np.load(files[1]) as data:
         feeds = {k: data[k] for k in data.files}
     start = time.perf_counter()
@@ -151,9 +180,11 @@ def measure(name: str, threads: int, seconds: float, idle: bool = True) -> Row:
                steal_share(ticks, host_ticks()))
 
 
-def _child(name: str, threads: int, seconds: float, idle: bool = True) -> Row | str:
+def _child(name: str, threads: int, seconds: float, idle: bool = True,
+           optimized: bool = False) -> Row | str:
     cmd = [sys.executable, "-m", "benchmarks.suite", "--one", name, "--threads", str(threads),
-           "--seconds", str(seconds), *([] if idle else ["--no-wait-idle"])]
+           "--seconds", str(seconds), *([] if idle else ["--no-wait-idle"]),
+           *(["--ort-optimized"] if optimized else [])]
     env = dict(os.environ)
     if threads == 1:
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
@@ -216,11 +247,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="time a model again when the hypervisor stole more than this percentage "
                              "of the CPU time while it was timed (default 5)")
     parser.add_argument("--retakes", type=int, default=2, help="at most this many more takes (default 2)")
+    parser.add_argument("--ort-optimized", dest="optimized", action="store_true",
+                        help="run each model as onnxruntime's optimizer saves it (extended level), "
+                             "on both runtimes")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     settings = [0 if t == "default" else int(t) for t in args.threads.split(",") if t]
     if args.one:
-        print(json.dumps(asdict(measure(args.one, settings[0], args.seconds, args.idle))))
+        print(json.dumps(asdict(measure(args.one, settings[0], args.seconds, args.idle,
+                                        args.optimized))))
         return 0
     names = [n for n in args.models.split(",") if n]
     unknown = [n for n in names if n not in MODELS]
@@ -238,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             where = "default threads" if t == 0 else f"{t} thread"
             takes: list[Row] = []
             while True:
-                r = _child(name, t, args.seconds, args.idle)
+                r = _child(name, t, args.seconds, args.idle, args.optimized)
                 if isinstance(r, str):
                     break
                 takes.append(r)
@@ -269,9 +304,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         from benchmarks.run import write_results
 
-        write_results(args.write, "Benchmark suite", "suite", argv,
-                      "Models from `scripts/export_bench_models.py` (random weights, seed 0, batch 1). "
-                      "Medians of per-call times over interleaved blocks ("
+        title = "Benchmark suite: onnxruntime's optimized files" if args.optimized else "Benchmark suite"
+        write_results(args.write, title, "suite", argv,
+                      "Models from `scripts/export_bench_models.py` (random weights, seed 0, batch 1)"
+                      + (", each as onnxruntime's optimizer saves it at its extended level, both "
+                         "runtimes running that file. " if args.optimized else ". ")
+                      + "Medians of per-call times over interleaved blocks ("
                       + ("each started once the other runtime's threads sleep, " if args.idle else
                          "each started right after the other runtime's, ")
                       + "its first two calls not counted), each model and thread "

@@ -11,6 +11,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax import lax
 
 from benchmarks import suite, xla_profile
@@ -142,3 +143,20 @@ def test_conv_benchmark_native_depthwise_form_and_choice() -> None:
     np.testing.assert_allclose(np.asarray(conv._native_dw_last(two, 0)(x2, w2)), np.asarray(want),
                                rtol=1e-5, atol=1e-5)
     assert conv._chosen(two, (64, 1, 3, 3), 0)[1] == ("native_dw_last" if several else "taps_last")
+
+
+def test_suite_measures_the_file_onnxruntimes_optimizer_saves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--ort-optimized: the model as onnxruntime saves it at its extended level (the VAD's
+    convolutions become com.microsoft FusedConv), made once; both runtimes run it and agree."""
+    import onnx
+
+    monkeypatch.setattr(suite, "OPTIMIZED_DIR", tmp_path / "ort_extended")
+    files = suite.model_files("vad")
+    assert files is not None
+    path = suite.ort_optimized(files[0], "vad")
+    assert path.parent == tmp_path / "ort_extended"
+    assert any(n.domain == "com.microsoft" and n.op_type == "FusedConv" for n in onnx.load(str(path)).graph.node)
+    made = path.stat().st_mtime_ns
+    assert suite.ort_optimized(files[0], "vad") == path and path.stat().st_mtime_ns == made  # kept
+    row = suite.measure("vad", 0, 0.05, optimized=True)
+    assert row.max_abs_diff < 1e-5 and row.calls >= 5
