@@ -21,7 +21,7 @@ from oxla.native import available as native_available
 from oxla.passes import native_gemm, nms_split
 from oxla.passes.channels_last import convs_to_channels_last
 from oxla.passes.classify import DispatchTable, check_supported
-from oxla.passes.constants import large_constants_to_initializers
+from oxla.passes.constants import constant_fills_to_initializers, large_constants_to_initializers
 from oxla.passes.dequantize_constants import dequantize_constants
 from oxla.passes.native_gemm import (
     convs_to_native,
@@ -97,6 +97,7 @@ def prepare(model: ModelProto, options: Options) -> tuple[DispatchTable, bool]:
     small = False
     if not options.bake_weights:
         large_constants_to_initializers(model)
+        constant_fills_to_initializers(model, options.memory_limit)
         if options.layout_weights:
             unfuse_ort_ops(model)  # onnxruntime's FusedConv / FusedGemm: the passes see Conv, Gemm
             # read before the other passes rewrite the graph (shape inference knows standard ops)

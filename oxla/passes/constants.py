@@ -2,15 +2,25 @@
 
 Some converters store weights in Constant nodes. As static values they would be baked into the
 XLA program as constants (slow compiles, see DESIGN.md); as initializers they are parameters.
+
+ConstantOfShape of a constant shape with a float value becomes an initializer too
+(`constant_fills_to_initializers`): onnx's light model zoo files (backend/test/data/light) build
+every weight and bias so, and XLA filled each one on every call (AlexNet's 235 MB: 4.1x
+onnxruntime's time, which folds them at load); as initializers the weight passes (layout, native
+kernels: a bias must be an initializer) see them as any model's weights.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 import numpy as np
-from onnx import ModelProto, numpy_helper
+from onnx import ModelProto, NodeProto, numpy_helper
 
 from oxla.dtypes import is_float
-from oxla.graph import tensor_value
+from oxla.graph import constant_values, tensor_value
+from oxla.host import machine_memory
 
 LARGE = 1024
 
@@ -37,3 +47,64 @@ def large_constants_to_initializers(model: ModelProto) -> int:
         del graph.node[:]
         graph.node.extend(keep)
     return moved
+
+
+# ConstantOfShape fills folded at most take this share of the memory limit, all together
+FILL_SHARE = 4
+
+
+def constant_fills_to_initializers(model: ModelProto, memory_limit: int | None = None) -> int:
+    """ConstantOfShape nodes of the main graph whose shape is a constant (an initializer that
+    cannot be fed, or a Constant node) and whose value is a float become initializers, up to 1 / FILL_SHARE of the memory limit together (a hostile shape
+    stays a node, which the memory checks refuse at run time); returns how many. Before IR
+    version 4 every initializer had to be listed as a graph input, and onnxruntime holds them
+    constant there (the light zoo's files are IR 3): their shapes fold too."""
+    graph = model.graph
+    known = constant_values(graph)
+    listed = {t.name: t for t in graph.initializer} if model.ir_version < 4 else {}
+
+    def constant(name: str) -> np.ndarray | None:
+        found = known(name)
+        if found is None and name in listed:
+            found = tensor_value(name, lambda: numpy_helper.to_array(listed[name]))
+        return found
+
+    budget = (memory_limit or machine_memory()) // FILL_SHARE
+    keep = []
+    folded = 0
+    for node in graph.node:
+        value = _fill(node, constant)
+        if value is not None and node.output[0]:
+            shape, fill = value
+            size = math.prod(shape) * fill.dtype.itemsize
+            if size <= budget:
+                budget -= size
+                graph.initializer.append(
+                    numpy_helper.from_array(np.full(shape, fill, fill.dtype), node.output[0]))
+                folded += 1
+                continue
+        keep.append(node)
+    if folded:
+        del graph.node[:]
+        graph.node.extend(keep)
+    return folded
+
+
+def _fill(node: NodeProto, constant: Callable[[str], np.ndarray | None]
+          ) -> tuple[tuple[int, ...], np.ndarray] | None:
+    """(shape, value) of a ConstantOfShape of a constant shape and a float value, or None."""
+    if node.op_type != "ConstantOfShape" or node.domain not in ("", "ai.onnx") \
+            or len(node.input) != 1 or len(node.output) != 1:
+        return None
+    shape = constant(node.input[0])
+    if shape is None or shape.dtype != np.int64 or shape.ndim != 1 or (shape < 0).any():
+        return None
+    fill: np.ndarray = np.zeros(1, np.float32)  # the default value: float32 0
+    for attr in node.attribute:
+        if attr.name != "value" or not attr.HasField("t"):
+            return None
+        fill = numpy_helper.to_array(attr.t).reshape(-1)
+    dims = tuple(int(d) for d in shape)
+    if fill.size != 1 or not is_float(fill.dtype):
+        return None
+    return dims, fill.reshape(())
