@@ -77,7 +77,8 @@ def pad_ahead(model: ModelProto, keep: set[str] | frozenset[str] = frozenset()) 
     if DOMAIN not in model_opsets(model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     if not any(f.domain == DOMAIN for f in model.functions):
-        model.functions.append(_body(model_opsets(model.opset_import).get("", 0)))
+        # Pad's pads as an input (11), Constant's value_ints (12)
+        model.functions.append(_body(max(model_opsets(model.opset_import).get("", 0), 12)))
     model.ir_version = max(model.ir_version, 8)  # model-local functions
     return len(after)
 

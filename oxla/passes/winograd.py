@@ -128,7 +128,7 @@ def convs_to_winograd(model: ModelProto, native: bool = False) -> int:
     if DOMAIN not in opsets:
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     if (DOMAIN, "Conv") not in {(f.domain, f.name) for f in model.functions}:
-        model.functions.append(_body(opsets.get("", 11)))
+        model.functions.append(_body(max(opsets.get("", 11), 11)))  # Slice's bounds as inputs
         model.ir_version = max(model.ir_version, 8)
     return count
 
