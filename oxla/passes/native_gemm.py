@@ -282,19 +282,14 @@ def _known_rows(model: ModelProto, exact: bool = False) -> dict[str, int]:
 
 def _reaches(rows: dict[str, int], name: str, size: int, bound: float, small: bool,
              producers: Mapping[str, NodeProto]) -> bool:
-    """Whether a product of `size` weights writing value `name` reaches `bound` flops. In a
-    model of small kernels `rows` are exact, and a value of unknown rows takes those of its
-    nearest ancestor (through first inputs) whose rows are known: ShuffleNetV2's shuffles (a
-    Reshape to a computed shape) leave dims unknown, and counted as 1 row, 16 of its 36 1x1
-    convolutions stayed XLA's (1.15x the time)."""
-    known = rows.get(name)
-    seen = {name}
-    while small and known is None and (p := producers.get(name)) is not None and p.input \
-            and p.input[0] not in seen:
-        name = p.input[0]
-        seen.add(name)
-        known = rows.get(name)
-    return 2 * (known or 1) * size >= bound
+    """Whether a product of `size` weights writing value `name` reaches `bound` flops. A value
+    of unknown rows takes those of its nearest ancestor (through first inputs) whose rows are
+    known (`_rows_through`; in a model of small kernels `rows` are exact): ShuffleNetV2's
+    shuffles (a Reshape to a computed shape) leave dims unknown, and counted as 1 row, 16 of its
+    36 1x1 convolutions stayed XLA's (1.15x the time); in an opset-9 model shape inference types
+    nothing after the first Winograd layer, whose function body imports opset 11, and the light
+    zoo ResNet-50's 33 1x1 convolutions stayed XLA's."""
+    return 2 * _rows_through(rows, name, producers) * size >= bound
 
 
 def _rows_through(rows: dict[str, int], name: str, producers: Mapping[str, NodeProto]) -> int:
