@@ -19,6 +19,7 @@ from oxla.graph import initializer_values, last_uses, model_opsets, node_reads, 
 from oxla.lowering.context import Options
 from oxla.native import available as native_available
 from oxla.passes import native_gemm, nms_split
+from oxla.passes.batch_norm_fold import fold_batch_norms
 from oxla.passes.channels_last import convs_to_channels_last
 from oxla.passes.classify import DispatchTable, check_supported
 from oxla.passes.constants import constant_fills_to_initializers, large_constants_to_initializers
@@ -100,6 +101,7 @@ def prepare(model: ModelProto, options: Options) -> tuple[DispatchTable, bool]:
         constant_fills_to_initializers(model, options.memory_limit)
         if options.layout_weights:
             unfuse_ort_ops(model)  # onnxruntime's FusedConv / FusedGemm: the passes see Conv, Gemm
+            fold_batch_norms(model)  # Conv -> BatchNormalization as one Conv
             # read before the other passes rewrite the graph (shape inference knows standard ops)
             small = bool(options.native_threads and options.channels_last) and small_kernels(model)
             qdq_conv_to_integer(model)
