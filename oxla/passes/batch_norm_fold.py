@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, numpy_helper
 
-from oxla.graph import attribute_value, model_opsets, node_reads, tensor_value
+from oxla.graph import attribute_value, drop_initializers, model_opsets, node_reads, tensor_value
 
 SUFFIX = "__oxla_bn"
 
@@ -61,9 +61,7 @@ def fold_batch_norms(model: ModelProto) -> int:
         del graph.node[:]
         graph.node.extend(kept)
         read = {name for n in graph.node for name in node_reads(n)} | {o.name for o in graph.output}
-        live = [t for t in graph.initializer if t.name in read or t.name in fed]
-        del graph.initializer[:]
-        graph.initializer.extend(live)
+        drop_initializers(graph, lambda name: name not in read and name not in fed)
     return len(folded)
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from onnx import GraphProto, ModelProto, NodeProto, numpy_helper
 
 from oxla.dtypes import to_numpy_dtype
-from oxla.graph import attribute_value, node_reads, tensor_value
+from oxla.graph import attribute_value, drop_initializers, node_reads, tensor_value
 from oxla.lowering.interpreter import machine_memory
 
 # A folded float weight takes 4x its int8 bytes (8x for int4): together at most this share of
@@ -160,7 +160,4 @@ def _array(tensor, cache: dict[str, np.ndarray]) -> np.ndarray:
 def _drop_unread(graph: GraphProto, candidates: set[str]) -> None:
     """Remove the initializers in `candidates` that no node reads any more."""
     read = set().union(*(node_reads(n) for n in graph.node))
-    kept = [t for t in graph.initializer if t.name in read or t.name not in candidates]
-    if len(kept) != len(graph.initializer):
-        del graph.initializer[:]
-        graph.initializer.extend(kept)
+    drop_initializers(graph, lambda name: name not in read and name in candidates)

@@ -95,6 +95,7 @@ from oxla.cpu_client import CONVOLUTIONS
 from oxla.graph import (
     attribute_value,
     constant_values,
+    drop_initializers,
     inferred_types,
     model_opsets,
     node_reads,
@@ -1140,9 +1141,7 @@ def _drop_unread(model: ModelProto) -> None:
         del graph.node[:]
         graph.node.extend(kept)
     fed = {i.name for i in graph.input}
-    live = [t for t in graph.initializer if t.name in read or t.name in fed]
-    del graph.initializer[:]
-    graph.initializer.extend(live)
+    drop_initializers(graph, lambda name: name not in read and name not in fed)
 
 
 def _body(name: str, opset: int) -> FunctionProto:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
-from oxla.graph import attribute_value, model_opsets, node_reads, tensor_value
+from oxla.graph import attribute_value, drop_initializers, model_opsets, node_reads, tensor_value
 from oxla.passes.dequantize_constants import dequantize
 
 _INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
@@ -362,6 +362,4 @@ def _drop_dead(graph: GraphProto, nodes: list[NodeProto]) -> None:
     read = set().union(*(node_reads(n) for n in nodes))
     del graph.node[:]
     graph.node.extend(nodes)
-    kept = [t for t in graph.initializer if t.name in read or t.name not in candidates]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
+    drop_initializers(graph, lambda name: name not in read and name in candidates)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
-from oxla.graph import attribute_value, model_opsets, node_reads
+from oxla.graph import attribute_value, drop_initializers, model_opsets, node_reads
 from oxla.passes.qdq_conv import _INT8, _Graph, centered_conv
 
 DOMAIN = "oxla.quantized"
@@ -82,9 +82,8 @@ def qlinear_conv_centered(model: ModelProto) -> int:
         graph.node.extend(out)
         _add_body(model)
         read = set().union(*(node_reads(n) for n in out)) | {o.name for o in graph.output}
-        kept = [t for t in graph.initializer if t.name in read]  # the old zero points and scales go
-        del graph.initializer[:]
-        graph.initializer.extend(kept + extra)
+        drop_initializers(graph, lambda name: name not in read)  # the old zero points and scales
+        graph.initializer.extend(extra)
     return count
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
-from oxla.graph import model_opsets, node_reads, tensor_value
+from oxla.graph import drop_initializers, model_opsets, node_reads, tensor_value
 
 SUFFIX = "__oxla_siblings"
 
@@ -47,9 +47,7 @@ def merge_sibling_convs(model: ModelProto) -> int:
     # the group's own weights and biases go where nothing reads them any more
     replaced = {name for g in groups.values() if len(g) > 1 for n in g for name in n.input[1:3]}
     used = {n for node in graph.node for n in node_reads(node)} | {o.name for o in graph.output}
-    kept = [t for t in graph.initializer if t.name not in replaced or t.name in used or t.name in fed]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
+    drop_initializers(graph, lambda name: name in replaced and name not in used and name not in fed)
     return sum(len(g) - 1 for g in groups.values() if len(g) > 1)
 
 

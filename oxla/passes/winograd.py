@@ -24,7 +24,7 @@ import numpy as np
 from onnx import FunctionProto, ModelProto, NodeProto, helper, numpy_helper
 
 from oxla import native as oxla_native
-from oxla.graph import inferred_types, model_opsets, node_reads
+from oxla.graph import drop_initializers, inferred_types, model_opsets, node_reads
 from oxla.lowering.ops.winograd import DOMAIN, P, kernel_transform
 from oxla.passes.channels_last import DOMAIN as LAST
 from oxla.passes.channels_last import TO_FIRST, TO_LAST
@@ -121,9 +121,7 @@ def convs_to_winograd(model: ModelProto, native: bool = False) -> int:
     kept = [n for n in graph.node if not (n.op_type == "Transpose" and n.output[0] in dead)]
     del graph.node[:]
     graph.node.extend(kept)
-    live = [t for t in graph.initializer if t.name not in dead]
-    del graph.initializer[:]
-    graph.initializer.extend(live)
+    drop_initializers(graph, lambda name: name in dead)
     opsets = model_opsets(model.opset_import)
     if DOMAIN not in opsets:
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
