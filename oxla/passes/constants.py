@@ -27,22 +27,32 @@ LARGE = 1024
 
 def large_constants_to_initializers(model: ModelProto) -> int:
     """Move float Constant tensors with more than LARGE elements to initializers; returns how many."""
+
+    def value_of(node: NodeProto) -> np.ndarray | None:
+        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") \
+                or len(node.attribute) != 1 or node.attribute[0].name != "value" \
+                or not node.attribute[0].HasField("t"):
+            return None
+        tensor = node.attribute[0].t
+        value = tensor_value(tensor.name, lambda: numpy_helper.to_array(tensor))
+        return np.asarray(value) if is_float(value.dtype) and value.size > LARGE else None
+
+    return _to_initializers(model, value_of)
+
+
+def _to_initializers(model: ModelProto, value_of: Callable[[NodeProto], np.ndarray | None]) -> int:
+    """Replace each main-graph node for which `value_of` gives a value by an initializer of it
+    named as the node's output; returns how many."""
     graph = model.graph
     keep = []
     moved = 0
     for node in graph.node:
-        tensor = None
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.attribute) == 1:
-            attr = node.attribute[0]
-            if attr.name == "value" and attr.HasField("t"):
-                tensor = attr.t
-        if tensor is not None and node.output[0]:
-            value = tensor_value(tensor.name, lambda t=tensor: numpy_helper.to_array(t))
-            if is_float(value.dtype) and value.size > LARGE:
-                graph.initializer.append(numpy_helper.from_array(np.asarray(value), node.output[0]))
-                moved += 1
-                continue
-        keep.append(node)
+        value = value_of(node) if node.output and node.output[0] else None
+        if value is None:
+            keep.append(node)
+            continue
+        graph.initializer.append(numpy_helper.from_array(value, node.output[0]))
+        moved += 1
     if moved:
         del graph.node[:]
         graph.node.extend(keep)
@@ -55,8 +65,9 @@ FILL_SHARE = 4
 
 def constant_fills_to_initializers(model: ModelProto, memory_limit: int | None = None) -> int:
     """ConstantOfShape nodes of the main graph whose shape is a constant (an initializer that
-    cannot be fed, or a Constant node) and whose value is a float become initializers, up to 1 / FILL_SHARE of the memory limit together (a hostile shape
-    stays a node, which the memory checks refuse at run time); returns how many. Before IR
+    cannot be fed, or a Constant node) and whose value is a float become initializers, up to
+    1 / FILL_SHARE of the memory limit together (a hostile shape stays a node, which the memory
+    checks refuse at run time); returns how many. Before IR
     version 4 every initializer had to be listed as a graph input, and onnxruntime holds them
     constant there (the light zoo's files are IR 3): their shapes fold too."""
     graph = model.graph
@@ -70,24 +81,20 @@ def constant_fills_to_initializers(model: ModelProto, memory_limit: int | None =
         return found
 
     budget = (memory_limit or machine_memory()) // FILL_SHARE
-    keep = []
-    folded = 0
-    for node in graph.node:
-        value = _fill(node, constant)
-        if value is not None and node.output[0]:
-            shape, fill = value
-            size = math.prod(shape) * fill.dtype.itemsize
-            if size <= budget:
-                budget -= size
-                graph.initializer.append(
-                    numpy_helper.from_array(np.full(shape, fill, fill.dtype), node.output[0]))
-                folded += 1
-                continue
-        keep.append(node)
-    if folded:
-        del graph.node[:]
-        graph.node.extend(keep)
-    return folded
+
+    def value_of(node: NodeProto) -> np.ndarray | None:
+        nonlocal budget
+        found = _fill(node, constant)
+        if found is None:
+            return None
+        shape, fill = found
+        size = math.prod(shape) * fill.dtype.itemsize
+        if size > budget:
+            return None
+        budget -= size
+        return np.full(shape, fill, fill.dtype)
+
+    return _to_initializers(model, value_of)
 
 
 def _fill(node: NodeProto, constant: Callable[[str], np.ndarray | None]
