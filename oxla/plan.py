@@ -22,7 +22,11 @@ from oxla.passes import native_gemm, nms_split
 from oxla.passes.batch_norm_fold import fold_batch_norms
 from oxla.passes.channels_last import convs_to_channels_last
 from oxla.passes.classify import DispatchTable, check_supported
-from oxla.passes.constants import constant_fills_to_initializers, large_constants_to_initializers
+from oxla.passes.constants import (
+    constant_fills_to_initializers,
+    large_constants_to_initializers,
+    listed_initializers_to_constants,
+)
 from oxla.passes.dequantize_constants import dequantize_constants
 from oxla.passes.native_gemm import (
     convs_to_native,
@@ -94,6 +98,7 @@ class Plan:
 def prepare(model: ModelProto, options: Options) -> tuple[DispatchTable, bool]:
     """The graph passes, in order; rewrites `model` in place and returns its dispatch table, and
     whether it is a model of small kernels (`small_kernels`: to run on the one-thread client)."""
+    listed_initializers_to_constants(model)  # IR < 4: as onnxruntime holds them
     table = check_supported(model)
     small = False
     if not options.bake_weights:

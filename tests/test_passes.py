@@ -52,11 +52,20 @@ def test_constant_fills_of_constant_shapes_become_weights() -> None:
     """ConstantOfShape of a constant shape and a float value folds to an initializer (onnx's light
     zoo AlexNet filled its 235 MB of weights every call: 4.1x onnxruntime's time, 1.03-1.08x
     folded); an integer fill and one over the memory budget stay nodes, nothing allocated; an
-    initializer listed as a graph input is a constant before IR 4 only, as in onnxruntime."""
-    from oxla.passes.constants import constant_fills_to_initializers
+    initializer listed as a graph input is a constant before IR 4 only, and then not among the
+    session's inputs, as in onnxruntime."""
+    import onnxruntime as ort
+
+    from oxla.passes.constants import (
+        constant_fills_to_initializers,
+        listed_initializers_to_constants,
+    )
 
     for ir_version, listed, folded in ((3, True, 2), (8, False, 2), (8, True, 0)):
         model = _fills(ir_version, listed)
+        # IR 3 lists its initializers as inputs: constants all the same, off the graph's inputs
+        assert listed_initializers_to_constants(model) == (4 if ir_version < 4 else 0)
+        assert len(model.graph.input) == (1 if ir_version < 4 or not listed else 5)
         assert constant_fills_to_initializers(model, memory_limit=1 << 30) == folded, (ir_version, listed)
         ops = [n.op_type for n in model.graph.node]
         assert ops.count("ConstantOfShape") == 4 - folded
@@ -70,6 +79,8 @@ def test_constant_fills_of_constant_shapes_become_weights() -> None:
     x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
     want = onnxruntime_run(model, {"x": x})
     session = oxla.InferenceSession(model.SerializeToString())
+    assert [i.name for i in session.get_inputs()] == [i.name for i in ort.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]).get_inputs()] == ["x"]
     assert "ConstantOfShape" not in [n.op_type for n in session.compiled.plan.nodes if n.output[0] != "i"]
     for got, w in zip(session.run(None, {"x": x}), want, strict=True):
         np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-5)

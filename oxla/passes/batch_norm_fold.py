@@ -8,8 +8,8 @@ files) and training-style exports do: the light zoo's ResNet-50 ran its 53 Batch
 passes of their own after convolutions whose epilogue could have applied them.
 
 Only a Conv of float32 initializer weights (and bias) whose output the BatchNormalization alone
-reads, with float32 initializer statistics of one value per output channel (initializers that
-are also graph inputs count from IR 4 as the caller's to override, not before), in inference form
+reads, with float32 initializer statistics of one value per output channel (not graph inputs:
+those the caller may feed), in inference form
 (one output, no training_mode; `spatial` 1 before opset 9) is folded; the new weights are new
 initializers (the old ones stay while anything else reads them).
 """
@@ -29,10 +29,8 @@ def fold_batch_norms(model: ModelProto) -> int:
     graph = model.graph
     opset = model_opsets(model.opset_import).get("", 0)
     fed = {i.name for i in graph.input}
-    # before IR 4 every initializer was listed as an input, and onnxruntime holds them constant
-    overridable = fed if model.ir_version >= 4 else set()
     inits = {t.name: t for t in graph.initializer
-             if t.name not in overridable and t.data_type == TensorProto.FLOAT}
+             if t.name not in fed and t.data_type == TensorProto.FLOAT}
     nodes = list(graph.node)  # one wrapper per node, held: ids stay theirs
     readers: dict[str, int] = {o.name: 1 for o in graph.output}
     for node in nodes:

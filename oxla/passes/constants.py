@@ -25,6 +25,25 @@ from oxla.host import machine_memory
 LARGE = 1024
 
 
+def listed_initializers_to_constants(model: ModelProto) -> int:
+    """Before IR version 4 every initializer had to be listed as a graph input as well, and
+    onnxruntime holds them constant there (not the caller's to feed: they are not among its
+    session's inputs): the same here, by taking them off the graph's inputs; returns how many.
+    onnx's light zoo files are IR 3, their Reshapes' shapes such initializers: read as fed
+    values, the layout pass kept ShuffleNet's channel shuffles channels first, between
+    transposes."""
+    graph = model.graph
+    if model.ir_version >= 4:
+        return 0
+    inits = {t.name for t in graph.initializer}
+    listed = [i for i in graph.input if i.name in inits]
+    if listed:
+        kept = [i for i in graph.input if i.name not in inits]
+        del graph.input[:]
+        graph.input.extend(kept)
+    return len(listed)
+
+
 def large_constants_to_initializers(model: ModelProto) -> int:
     """Move float Constant tensors with more than LARGE elements to initializers; returns how many."""
 
@@ -67,19 +86,8 @@ def constant_fills_to_initializers(model: ModelProto, memory_limit: int | None =
     """ConstantOfShape nodes of the main graph whose shape is a constant (an initializer that
     cannot be fed, or a Constant node) and whose value is a float become initializers, up to
     1 / FILL_SHARE of the memory limit together (a hostile shape stays a node, which the memory
-    checks refuse at run time); returns how many. Before IR
-    version 4 every initializer had to be listed as a graph input, and onnxruntime holds them
-    constant there (the light zoo's files are IR 3): their shapes fold too."""
-    graph = model.graph
-    known = constant_values(graph)
-    listed = {t.name: t for t in graph.initializer} if model.ir_version < 4 else {}
-
-    def constant(name: str) -> np.ndarray | None:
-        found = known(name)
-        if found is None and name in listed:
-            found = tensor_value(name, lambda: numpy_helper.to_array(listed[name]))
-        return found
-
+    checks refuse at run time); returns how many."""
+    constant = constant_values(model.graph)
     budget = (memory_limit or machine_memory()) // FILL_SHARE
 
     def value_of(node: NodeProto) -> np.ndarray | None:
