@@ -197,13 +197,14 @@ SHAPE_DATA = frozenset({TensorProto.INT64, TensorProto.INT32})
 SHAPE_KEEPING = frozenset({("oxla.pad_ahead", "ZeroBorder")})
 
 
-def inferred_types(model: ModelProto) -> GraphProto:
+def inferred_types(model: ModelProto, nodes: Sequence[NodeProto] | None = None) -> GraphProto:
     """ONNX shape inference over the main graph with its initializers' data left out (a model over
     2 GiB cannot be serialized for the inference, and types and shapes are all it gives) except
     small integer ones (up to 64 values: the pads, shapes and axes that Pad, Reshape or Slice
     read as inputs, without which tf2onnx's files lose every size after their first Pad): the
     inferred graph, whose inputs, value_info and outputs carry what it found. Model-local
-    functions (oxla's own ops included) are inferred through their bodies.
+    functions (oxla's own ops included) are inferred through their bodies. `nodes`: infer these
+    in place of the graph's (a rewrite to be tried, without copying the model).
 
     Raises:
         onnx.shape_inference.InferenceError: the graph's types contradict each other.
@@ -215,9 +216,10 @@ def inferred_types(model: ModelProto) -> GraphProto:
     typed = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
              for t in model.graph.initializer if t.name not in declared and t.name not in given]
     known = list(model.graph.value_info)
-    keeping = [n for n in model.graph.node if (n.domain, n.op_type) in SHAPE_KEEPING]
+    nodes = model.graph.node if nodes is None else nodes
+    keeping = [n for n in nodes if (n.domain, n.op_type) in SHAPE_KEEPING]
     while True:
-        light = helper.make_model(helper.make_graph(model.graph.node, "types",
+        light = helper.make_model(helper.make_graph(nodes, "types",
                                                     [*model.graph.input, *typed],
                                                     model.graph.output, initializer=small,
                                                     value_info=known),

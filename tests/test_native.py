@@ -1208,9 +1208,9 @@ def test_exact_rows_leave_out_dims_shape_inference_could_not_compute() -> None:
     rows, exact = native_gemm._known_rows(model), native_gemm._known_rows(model, exact=True)
     assert rows["x"] == exact["x"] == 8 and rows["s"] == 1 and "s" not in exact
     producers = {o: n for n in model.graph.node for o in n.output}
-    assert native_gemm._reaches(exact, "s", 10_000, 1e5, True, producers)  # x's 8 rows
-    assert not native_gemm._reaches(rows, "s", 10_000, 1e5, False, producers)  # 1 row
-    assert not native_gemm._reaches(exact, "s", 100, 1e5, True, producers)
+    assert native_gemm._reaches(exact, "s", 10_000, 1e5, producers)  # x's 8 rows
+    assert not native_gemm._reaches(rows, "s", 10_000, 1e5, producers)  # 1 row
+    assert not native_gemm._reaches(exact, "s", 100, 1e5, producers)
 
 
 @needs_kernel

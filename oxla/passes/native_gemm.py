@@ -281,7 +281,7 @@ def _known_rows(model: ModelProto, exact: bool = False) -> dict[str, int]:
     return rows
 
 
-def _reaches(rows: dict[str, int], name: str, size: int, bound: float, small: bool,
+def _reaches(rows: dict[str, int], name: str, size: int, bound: float,
              producers: Mapping[str, NodeProto]) -> bool:
     """Whether a product of `size` weights writing value `name` reaches `bound` flops. A value
     of unknown rows takes those of its nearest ancestor (through first inputs) whose rows are
@@ -682,7 +682,7 @@ def convs_to_native(model: ModelProto, beside_depthwise: bool = True, small: boo
         rows = _known_rows(model, exact=small)
         candidates = [c for c in candidates if _reaches(
             rows, c[0].output[0] if c[0].output[0] in rows else c[0].input[0], c[1].size,
-            _pointwise_min(small) if c[4] is None else CONV_MIN_FLOPS, small, producers)]
+            _pointwise_min(small) if c[4] is None else CONV_MIN_FLOPS, producers)]
     # (node, op base, W as (..., K, N), its initializer, bias or None, the window's attributes)
     jobs: list[tuple[NodeProto, str, np.ndarray, str, np.ndarray | None, dict[str, Any]]] = [
         (node, "Wino", u.reshape(16, *u.shape[2:]), name, b, {}) for node, u, name, b in winograd]
@@ -968,7 +968,7 @@ def depthwise_to_native(model: ModelProto, small: bool = False, pooled: bool = F
     candidates = [c for c in candidates if _reaches(
         rows, c[0].output[0], c[1].size,
         SMALL_DEPTHWISE_MIN_FLOPS if small else POOLED_DEPTHWISE_MIN_FLOPS if pooled
-        else DEPTHWISE_MIN_FLOPS, small, producers)]
+        else DEPTHWISE_MIN_FLOPS, producers)]
     if not candidates or not native.available():
         return 0
     g, removed, moved, _ = _rewriting(model, inits)
@@ -1078,8 +1078,7 @@ def _pre_activation(g: _Graph, node: NodeProto, producers: dict[str, NodeProto],
         return None
     found = conv_hwio(product, producers, g.inits)
     if found is None or found[0].shape[:2] != (1, 1) or found[0].dtype != np.float32 \
-            or _reaches(rows, product.output[0], found[0].size, _pointwise_min(small), small,
-                        producers):
+            or _reaches(rows, product.output[0], found[0].size, _pointwise_min(small), producers):
         return None
     plain, bias = _bias(product, g.inits, found[0].shape[3])
     return (product, act, fold, bias) if plain and bias is not None else None

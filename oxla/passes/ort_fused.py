@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper, shape_inference
+from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
-from oxla.graph import attribute_value, model_opsets
+from oxla.graph import attribute_value, inferred_types, model_opsets
 
 MS = "com.microsoft"
 SUFFIX = "__oxla_unfused"
@@ -42,18 +42,23 @@ GEMM_ACTIVATIONS = {"Relu": (), "Tanh": (), "Sigmoid": (), "Softplus": (), "Soft
 
 
 def unfuse_ort_ops(model: ModelProto) -> int:
-    """Rewrite the main graph's float32 FusedConv and FusedGemm nodes as standard ops; returns
-    how many. A node whose weights are not a float32 initializer, or whose activation or its
-    parameters are not as onnxruntime writes them, is left to its rule (which checks them)."""
+    """Rewrite the main graph's float32 FusedConv, FusedGemm and QuickGelu nodes as standard ops;
+    returns how many. A node whose weights (X, for QuickGelu) are not float32, or whose activation
+    or its parameters are not as onnxruntime writes them, is left to its rule (which checks
+    them)."""
     graph = model.graph
     opset = model_opsets(model.opset_import).get("", 0)
     floats = {t.name for t in graph.initializer if t.data_type == TensorProto.FLOAT}
     names = _names(model)
-    count = _each(model, lambda node: _conv(node, opset, names, graph.initializer)
-                  if node.op_type == "FusedConv" and len(node.input) >= 2
-                  and node.input[1] in floats else _gemm(node, opset, names)
-                  if node.op_type == "FusedGemm" and len(node.input) >= 2
-                  and node.input[1] in floats else None)
+
+    def fused(node: NodeProto) -> list[NodeProto] | None:
+        if len(node.input) < 2 or node.input[1] not in floats:
+            return None
+        if node.op_type == "FusedConv":
+            return _conv(node, opset, names, graph.initializer)
+        return _gemm(node, opset, names) if node.op_type == "FusedGemm" else None
+
+    count = _each(model, fused)
     if any(n.domain == MS and n.op_type == "QuickGelu" for n in graph.node):
         typed = _float_values(model)
         count += _each(model, lambda node: _quick_gelu(node, names, graph.initializer, typed)
@@ -94,28 +99,16 @@ def _names(model: ModelProto) -> Iterator[str]:
 
 
 def _float_values(model: ModelProto) -> set[str]:
-    """The values onnx's type inference types float32, each com.microsoft QuickGelu read as a
-    Sigmoid (onnx knows no com.microsoft op, and types nothing after one); the initializers
-    enter as typed inputs without their data (types are all that is asked). An inference that
-    fails types nothing."""
-    graph = model.graph
-    view = ModelProto()
-    view.ir_version = model.ir_version
-    view.opset_import.extend(model.opset_import)
-    view.functions.extend(model.functions)
-    for node in graph.node:
-        view.graph.node.append(node)
+    """The values onnx's type inference types float32 (`inferred_types`), each com.microsoft
+    QuickGelu read as a Sigmoid: onnx knows no com.microsoft op, and types nothing after one. An
+    inference that fails types nothing."""
+    nodes = []
+    for node in model.graph.node:
         if node.domain == MS and node.op_type == "QuickGelu":
-            view.graph.node[-1].domain, view.graph.node[-1].op_type = "", "Sigmoid"
-            del view.graph.node[-1].attribute[:]
-    declared = {i.name for i in graph.input}
-    view.graph.input.extend(graph.input)
-    view.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-                            for t in graph.initializer if t.name not in declared)
-    view.graph.output.extend(graph.output)
-    view.graph.value_info.extend(graph.value_info)
+            node = helper.make_node("Sigmoid", list(node.input), list(node.output), name=node.name)
+        nodes.append(node)
     try:
-        inferred = shape_inference.infer_shapes(view).graph
+        inferred = inferred_types(model, nodes)
     except Exception:  # the pass only loses a rewrite, never the model
         return set()
     return {v.name for v in (*inferred.input, *inferred.value_info, *inferred.output)
