@@ -221,6 +221,7 @@ class Executor:
         self._cache: LRU[_Slot] = LRU(cache_size)
         self._stageable = _declared_results_fit(plan)
         self._live_in: dict[int, tuple[str, ...]] = {}
+        self._host_calls: dict[int, _HostCall] = {}  # node index -> its prepared host step
         self._stats_lock = threading.Lock()
         self._compiles = 0
         self._host_steps = 0
@@ -612,28 +613,39 @@ class Executor:
     def _host_step(self, index: int, env: _Env) -> None:
         """Run one node on concrete values; its outputs join the call's values."""
         plan = self.plan
-        node = plan.nodes[index]
+        step = self._host_calls.get(index)
+        if step is None:
+            step = self._host_calls.setdefault(index, self._prepare_host(index))
+        node = step.node
         with self._stats_lock:
             self._host_steps += 1
             self._host_nodes.add(node.name or node.op_type)
-        domain = canonical_domain(node.domain)
-        rule = plan.dispatch.get(domain, node.op_type, plan.opsets.get(domain, 0)).rule
-        if rule is not None and rule.host is not None and node.input \
-                and node.input[0] in env.traced:
-            outputs = rule.host(to_static(env.traced[node.input[0]]))
+        if step.shortcut is not None and node.input[0] in env.traced:
+            outputs = step.shortcut(to_static(env.traced[node.input[0]]))
             if outputs is not None and len(outputs) == len(node.output):
                 for name, value in zip(node.output, outputs, strict=True):
                     if name:
                         env.traced[name] = value
                 return
+        values: dict[str, Value] = {}
+        for n in step.reads:
+            if n in env.traced:
+                values[n] = to_static(env.traced[n])
+            elif n in env.static:
+                values[n] = env.static[n]
+            elif n in env.host:
+                values[n] = env.host[n]
+            elif n in self.params or n in plan.constants:
+                values[n] = to_static(self._lookup(env, n))
         scope = Scope(None)
-        for n in plan.reads[index]:
-            try:
-                scope.set(n, to_static(env.concrete(n)))
-            except KeyError:
-                if n in self.params or n in plan.constants:
-                    scope.set(n, to_static(self._lookup(env, n)))
+        scope.values = values
         try:
+            if step.call is not None and all(not n or n in values for n in node.input):
+                outputs = step.call([values[n] if n else None for n in node.input], scope)
+                for name, value in zip(node.output, outputs):
+                    if name:
+                        (env.host if _host_only(value) else env.traced)[name] = value
+                return
             self.interpreter.run_node(node, scope, plan.opsets, plan.nodes)
         except NeedStatic as e:  # every input is concrete here; a rule asking again is a bug
             raise LoweringError(f"{e} even with concrete inputs") from None
@@ -641,6 +653,27 @@ class Executor:
             if name:
                 value = scope.get(name)
                 (env.host if _host_only(value) else env.traced)[name] = value
+
+    def _prepare_host(self, index: int) -> _HostCall:
+        """What a host step of node `index` needs on every call, resolved on its first."""
+        plan = self.plan
+        node = plan.nodes[index]
+        domain = canonical_domain(node.domain)
+        rule = plan.dispatch.get(domain, node.op_type, plan.opsets.get(domain, 0)).rule
+        shortcut = rule.host if rule is not None and node.input else None
+        return _HostCall(node, tuple(plan.reads[index]), shortcut,
+                         self.interpreter.host_call(node, plan.opsets, plan.nodes))
+
+
+@dataclass(frozen=True)
+class _HostCall:
+    """A host step's node, the values it reads, its rule's shortcut on its first input
+    (`Rule.host`) and the interpreter's prepared call (None: run_node)."""
+
+    node: Any
+    reads: tuple[str, ...]
+    shortcut: Callable[[Any], tuple[Any, ...] | None] | None
+    call: Callable[[list[Value], Scope], tuple[Value, ...]] | None
 
 
 def _runtime_error(error: Exception) -> OxlaError:

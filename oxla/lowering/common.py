@@ -18,6 +18,11 @@ from jax.experimental import io_callback
 from oxla.errors import too_large
 from oxla.host import machine_memory
 from oxla.lowering.values import is_static
+from oxla.lru import LRU
+
+# Tables rules derive from their attributes (see `derived`): keep this many.
+DERIVED_CACHE = 64
+_DERIVED: LRU[tuple[tuple[Any, ...], Any]] = LRU(DERIVED_CACHE)
 
 
 def axis_index(cx: Any, axis: int, rank: int, what: str = "axis") -> int:
@@ -25,6 +30,24 @@ def axis_index(cx: Any, axis: int, rank: int, what: str = "axis") -> int:
     if not -rank <= axis < rank:
         raise cx.fail(f"{what} {axis} is out of range for rank {rank} (valid: {-rank}..{rank - 1})")
     return axis % rank
+
+
+def derived[T](what: str, sources: tuple[Any, ...], build: Callable[[], T]) -> T:
+    """`build()`: a table a rule derives from attribute values (a lookup dict, an n-gram trie),
+    kept while the very same attribute objects come back. A host step parses its node's
+    attributes once and passes those objects on every call, so its tables are built once.
+
+    Keyed by `what` and the objects' identities (hashing a vocabulary every call would cost what
+    the cache saves); an entry holds its objects, so no other object takes their ids while it is
+    cached. Rules call it for host values only: a trace parses attributes anew each time.
+    """
+    key = (what, *map(id, sources))
+    hit = _DERIVED.get(key, count_miss=False)
+    if hit is not None and all(a is b for a, b in zip(hit[0], sources, strict=True)):
+        return hit[1]
+    value = build()
+    _DERIVED.setdefault(key, (sources, value))
+    return value
 
 
 def axis_indices(cx: Any, axes: Iterable[int], rank: int, what: str = "axes") -> list[int]:

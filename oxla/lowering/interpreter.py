@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -137,6 +137,54 @@ class Interpreter:
         else:
             raise self._no_rule(node, domain, opset)
         _bind(node, outputs, scope, ref)
+
+    def host_call(self, node: NodeProto, opsets: Mapping[str, int], graph: Sequence[NodeProto]
+                  ) -> Callable[[list[Value], Scope], tuple[Value, ...]] | None:
+        """run_node for a node that runs again and again on concrete values (a host step), with
+        what does not change between calls done once: the dispatch, the node's attributes.
+        The call takes the node's inputs (and the scope its rule sees) and returns its outputs,
+        one per name the node lists; it does what run_node does for a rule on static inputs
+        (the input type check, the eager-size check, the rule, the output-size check), outside
+        a trace. None where the node is not a plain rule (a function body, an unknown op):
+        run_node then says what it says."""
+        domain = canonical_domain(node.domain)
+        opset = opsets.get(domain)
+        if opset is None:
+            return None
+        found = self.dispatch.get(domain, node.op_type, opset)
+        rule = found.rule
+        if found.kind != NATIVE or rule is None \
+                or (len(node.input) > len(rule.inputs) and not rule.variadic):
+            return None
+        ref = NodeRef(node.name, node.op_type, domain, opset)
+        attrs = _rule_attributes(rule, node, ref)
+        self.ran.add((NATIVE, domain, node.op_type, rule.since))
+        named = len([n for n in node.output if n])
+
+        def call(inputs: list[Value], scope: Scope) -> tuple[Value, ...]:
+            check_input_types(ref, inputs)
+            cx = Context(node, ref, inputs, opsets, self, scope, graph)
+            try:
+                if rule.fold:
+                    self._check_fold(cx, rule, attrs, inputs)
+                    out = to_static(rule.fn(cx, *inputs, **attrs))
+                else:
+                    out = rule.fn(cx, *inputs, **attrs)
+            except (NeedStatic, OxlaError):
+                raise
+            except MemoryError:
+                raise ResourceError(f"{ref.describe()}: out of memory computing the node's outputs "
+                                    f"(inputs: {', '.join(describe_value(v) for v in inputs)})") from None
+            except Exception as e:  # any failure inside a rule gets the node's context
+                raise rule_failure(ref, inputs, e) from e
+            self._check_sizes(ref, out)
+            outputs = out if isinstance(out, tuple) else (out,)
+            if len(outputs) < named and len(outputs) < len(node.output):
+                raise LoweringError(f"{ref.describe()}: the rule produced {len(outputs)} outputs, "
+                                    f"the node names {len(node.output)}")
+            return outputs
+
+        return call
 
     def _no_rule(self, node: NodeProto, domain: str, opset: int) -> OxlaError:
         versions = known_versions(domain, node.op_type)

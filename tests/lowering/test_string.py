@@ -145,6 +145,39 @@ def test_tfidf_strings_with_trigrams_and_gaps_in_indexes() -> None:
           pool_strings=["a", "c", "a", "b", "b", "c", "a", "b", "c"])
 
 
+STRING_POOL = {**{k: v for k, v in POOL.items() if k != "pool_int64s"},
+               "pool_strings": [str(v) for v in POOL["pool_int64s"]]}
+
+
+@pytest.mark.parametrize("step_by_step", [True, False])
+@pytest.mark.parametrize("grams,skip", [((1, 1), 0), ((1, 2), 1), ((2, 2), 3), ((1, 2), 5)])
+def test_tfidf_strings_walked_step_by_step_or_in_numpy(
+        monkeypatch: pytest.MonkeyPatch, step_by_step: bool, grams: tuple[int, int], skip: int) -> None:
+    # string input runs on the host: a few tokens walk the trie in Python, more in numpy
+    from oxla.lowering.ops import string
+
+    monkeypatch.setattr(string, "SMALL_WALK", 1 << 30 if step_by_step else 0)
+    x = np.array([[str(v) for v in row] for row in X], dtype=object)
+    check("TfIdfVectorizer", {"x": x}, mode="TFIDF", min_gram_length=grams[0],
+          max_gram_length=grams[1], max_skip_count=skip, weights=[.5, 1, 2, 3, 4, 5, 6],
+          **STRING_POOL)
+
+
+def test_tfidf_host_step_tables_follow_each_call() -> None:
+    # the host step builds its trie once (common.derived): later calls with other text still
+    # count their own n-grams
+    import oxla
+
+    model = node_model("TfIdfVectorizer", {"x": S("5", "6")}, ("y",), mode="TF",
+                       min_gram_length=1, max_gram_length=2, max_skip_count=0, **STRING_POOL)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "C"
+    session = oxla.InferenceSession(model.SerializeToString())
+    for row in (["5", "6", "7"], ["8", "6", "7", "5"], ["x"], ["2", "3", "5", "4"]):
+        x = np.array(row, dtype=object)
+        got = session.run(None, {"x": x})[0]
+        np.testing.assert_array_equal(got, run_onnxruntime(model, {"x": x})[0])
+
+
 def test_tfidf_bigrams_only_pool() -> None:
     x = np.array([1, 1, 3, 3, 3, 7, 8, 6, 7, 5, 6, 8], np.int32)
     got = check("TfIdfVectorizer", {"x": x}, mode="TF", min_gram_length=2, max_gram_length=2,

@@ -12,6 +12,16 @@ from oxla.lowering.registry import rule
 def _wrap(cx, indices, size: int | np.ndarray, what: str = "indices"):
     """Indices as int64 with negative ones counted from the end; out-of-range ones are an error
     (the spec's; onnxruntime raises too), checked now when static, after the run when traced."""
+    if isinstance(indices, np.ndarray | np.generic) and isinstance(size, int):
+        # static indices (a host step, a constant): numpy, its extremes checked (no mask)
+        indices = np.asarray(indices, np.int64)
+        if not indices.size:
+            return indices
+        low, high = int(indices.min()), int(indices.max())
+        if low < -size or high >= size:
+            bad = (indices < -size) | (indices >= size)
+            raise cx.fail(f"{what} {indices[bad].tolist()} out of range for size {size}")
+        return indices if low >= 0 else np.where(indices < 0, indices + size, indices)
     indices = indices.astype(np.int64)
     if cx.is_static(indices) and np.size(indices):
         bad = (indices < -np.asarray(size)) | (indices >= np.asarray(size))

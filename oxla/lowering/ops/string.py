@@ -5,12 +5,12 @@ from __future__ import annotations
 import operator
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
 
-from oxla.lowering.common import check_size, xp
+from oxla.lowering.common import check_size, derived, xp
 from oxla.lowering.registry import rule
 
 
@@ -104,14 +104,23 @@ def regex_full_match(cx, x, *, pattern=None):
 # --- TfIdfVectorizer ---------------------------------------------------------------------------
 
 
-def _ngram_trie(pool: Sequence[Any], ngram_counts: Sequence[int], ngram_indexes: Sequence[int],
-                min_n: int, max_n: int) -> tuple[list[Any], np.ndarray, np.ndarray, np.ndarray]:
-    """The pool's n-grams of size min_n..max_n as a trie over token ids.
+class _Trie(NamedTuple):
+    """The pool's n-grams as a trie over token ids: tokens are the distinct pool items (token id =
+    position, `ids` the reverse); trie edge parent -> child on token t has key
+    parent * len(tokens) + t (`keys` sorted, `children` alongside; `edges` the same as a dict);
+    outputs[node] is the output column of the n-gram ending there or -1."""
 
-    Returns (tokens, keys, children, outputs): tokens are the distinct pool items (token id =
-    position); trie edge parent -> child on token t has key parent * len(tokens) + t (sorted,
-    with children alongside); outputs[node] is the output column of the n-gram ending there or -1.
-    """
+    tokens: list[Any]
+    ids: dict[Any, int]
+    keys: np.ndarray
+    children: np.ndarray
+    outputs: np.ndarray
+    edges: dict[int, int]
+
+
+def _ngram_trie(pool: Sequence[Any], ngram_counts: Sequence[int], ngram_indexes: Sequence[int],
+                min_n: int, max_n: int) -> _Trie:
+    """The pool's n-grams of size min_n..max_n as a trie over token ids."""
     tokens = sorted(set(pool))
     tid = {t: i for i, t in enumerate(tokens)}
     edges: dict[int, int] = {}
@@ -133,13 +142,12 @@ def _ngram_trie(pool: Sequence[Any], ngram_counts: Sequence[int], ngram_indexes:
             gram += 1
     keys = np.array(sorted(edges), dtype=np.int64)
     children = np.array([edges[k] for k in keys], dtype=np.int64)
-    return tokens, keys, children, np.array(outputs, dtype=np.int64)
+    return _Trie(tokens, tid, keys, children, np.array(outputs, dtype=np.int64), edges)
 
 
-def _token_ids(cx, x: Any, tokens: list[Any], pool_strings: Any) -> Any:
+def _token_ids(cx, x: Any, tokens: list[Any], pool_strings: Any, tid: dict[Any, int]) -> Any:
     """Each item of X as its pool token id, or -1 when the pool does not hold it."""
     if pool_strings:
-        tid = {t: i for i, t in enumerate(tokens)}
         return _map(lambda s: tid.get(text(s), -1), np.asarray(cx.static(x)), np.int64)
     m = xp(x)
     if not tokens:
@@ -201,6 +209,32 @@ def _walk(ids: Any, keys: np.ndarray, children: np.ndarray, outputs: np.ndarray,
     return jnp.zeros((rows, size), jnp.float32).at[row, columns].add(1.0, mode="drop")
 
 
+SMALL_WALK = 4096  # trie steps a host call walks in Python (numpy's per-op cost is larger)
+
+
+def _walk_small(ids: np.ndarray, trie: _Trie, min_n: int, max_n: int, max_skip: int,
+                size: int) -> np.ndarray:
+    """_walk for a few host tokens, one trie step at a time (the same counts)."""
+    rows, width = ids.shape
+    counts = np.zeros((rows, size), np.float32)
+    edges, outputs, n_tokens = trie.edges, trie.outputs.tolist(), len(trie.tokens)
+    for r, row in enumerate(ids.tolist()):
+        for start in range(width):
+            for skip in range(max_skip + 1):
+                node = 0
+                for n in range(1, max_n + 1):
+                    pos = start + (n - 1) * (skip + 1)
+                    if pos >= width or row[pos] < 0:
+                        break
+                    node = edges.get(node * n_tokens + row[pos], -1)
+                    if node < 0:
+                        break
+                    # Unigrams are counted once, not once per skip distance (as onnxruntime does)
+                    if n >= min_n and (n > 1 or skip == 0) and outputs[node] >= 0:
+                        counts[r, outputs[node]] += 1
+    return counts
+
+
 @rule("TfIdfVectorizer", since=9)
 def tf_idf_vectorizer(cx, x, *, max_gram_length=None, max_skip_count=None, min_gram_length=None,
                       mode=None, ngram_counts=None, ngram_indexes=None, pool_int64s=None,
@@ -212,15 +246,29 @@ def tf_idf_vectorizer(cx, x, *, max_gram_length=None, max_skip_count=None, min_g
         raise cx.fail(f"input X must have shape [C] or [N, C], got {x.shape}")
     if not ngram_indexes:
         raise cx.fail("attribute ngram_indexes must not be empty")
-    pool = list(pool_strings) if pool_strings else list(pool_int64s or ())
+    missing = [name for name, v in (("max_gram_length", max_gram_length),
+                                    ("max_skip_count", max_skip_count),
+                                    ("min_gram_length", min_gram_length)) if v is None]
+    if missing:
+        raise cx.fail(f"attributes {', '.join(missing)} are required")
+    def trie() -> _Trie:
+        pool = list(pool_strings) if pool_strings else list(pool_int64s or ())
+        return _ngram_trie(pool, ngram_counts or (0,), ngram_indexes, min_gram_length,
+                           max_gram_length)
+
     size = max(ngram_indexes) + 1
-    tokens, keys, children, outputs = _ngram_trie(pool, ngram_counts or (0,), ngram_indexes,
-                                                  min_gram_length, max_gram_length)
-    ids = _token_ids(cx, x, tokens, pool_strings)
+    host = cx.is_static(x) or bool(pool_strings)  # strings run on the host
+    t = derived("TfIdfVectorizer", (pool_strings, pool_int64s, ngram_counts, ngram_indexes,
+                                    min_gram_length, max_gram_length), trie) if host else trie()
+    ids = _token_ids(cx, x, t.tokens, pool_strings, t.ids)
     m = xp(ids)
     rows = m.asarray(ids).reshape((1, -1) if x.ndim == 1 else ids.shape)
-    tf = _walk(rows, keys, children, outputs, len(tokens), min_gram_length, max_gram_length,
-               max_skip_count, size)
+    steps = rows.shape[0] * rows.shape[1] * max_gram_length * (max_skip_count + 1)
+    if m is np and steps <= SMALL_WALK:
+        tf = _walk_small(rows, t, min_gram_length, max_gram_length, max_skip_count, size)
+    else:
+        tf = _walk(rows, t.keys, t.children, t.outputs, len(t.tokens), min_gram_length,
+                   max_gram_length, max_skip_count, size)
     w = m.asarray(np.asarray(weights, np.float32)) if weights else None
     if mode == "IDF":
         y = m.where(tf > 0, w if w is not None else np.float32(1), np.float32(0)).astype(np.float32)
