@@ -378,6 +378,13 @@ class Executor:
             env = self._bind(feeds)
             pos, prev, first = 0, env.origin, None
             while True:
+                if env.host and pos < len(self.plan.nodes) \
+                        and not self.plan.reads[pos].isdisjoint(env.host):
+                    # a node reading a host value (a string, a map): a segment starting there
+                    # would stop at once, empty (see _trace); no lookup for it
+                    self._host_step(pos, env)
+                    pos += 1
+                    continue
                 seg = self._segment(pos, env, prev)
                 first = first or seg
                 if seg.call is not None:
