@@ -13,7 +13,7 @@ MobileNet-small ran 3-10x slower inside the model than alone. This pass rewrites
   builds im2col columns (a QDQ ResNet-50's 3x3 at 56x56: 0.27 against 0.82 ms);
 - Pad and per-tensor or per-channel QuantizeLinear/DequantizeLinear on channels-last inputs
   stay standard ops, with pads reordered and the channel axis renumbered;
-- MaxPool (without Indices), GlobalAveragePool, GlobalMaxPool and inference
+- MaxPool (without Indices), AveragePool, GlobalAveragePool, GlobalMaxPool and inference
   BatchNormalization on a channels-last input become their channels-last twins;
 - elementwise ops, Concat and spatial ReduceMean/Max/Min/Sum on channels-last inputs stay
   standard ONNX ops, with per-channel constants re-laid out and axes renumbered;
@@ -63,11 +63,12 @@ BROADCAST = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "
 REDUCE = frozenset({"ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum"})
 # the opset from which each reduce takes axes as an input instead of an attribute
 REDUCE_AXES_INPUT = {"ReduceMean": 18, "ReduceMax": 18, "ReduceMin": 18, "ReduceSum": 13}
-# AveragePool is not moved: channels last, light densenet121's transition pools (2x2, stride 2)
-# come out wrong inside the model (0.441 off at the output, every compile) although the same
-# reduce_window alone is exact; exact with XLA:CPU's YNNPACK fusions off
-# (XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=), so a YNNPACK fusion is suspect (FACTS.md)
-POOLS = frozenset({"MaxPool", "GlobalAveragePool", "GlobalMaxPool"})
+# AveragePool channels last sums strided slices (Window.sum): a channels-last reduce_window made
+# light densenet121's transition pools (2x2, stride 2) come out wrong inside the model (0.441 off
+# at the output, every compile) although the same reduce_window alone is exact; exact with
+# XLA:CPU's YNNPACK fusions off (XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=), so a YNNPACK
+# fusion is suspect (FACTS.md). Larger windows take the channels-first rule between transposes.
+POOLS = frozenset({"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"})
 QDQ = frozenset({"QuantizeLinear", "DequantizeLinear"})
 CONVS = frozenset({"Conv", "ConvInteger"})
 HWIO = (2, 3, 1, 0)       # (M, C, kH, kW) -> (kH, kW, C, M)
@@ -559,6 +560,7 @@ _BODY_INPUTS: dict[str, tuple[list[str], dict[int, tuple[int, ...]]]] = {
     "Conv": (["X", "W", "B"], _X), "ConvTranspose": (["X", "W", "B"], _X),
     "ConvInteger": (["X", "W"], {0: TO_FIRST, 1: (3, 2, 0, 1)}),  # W: (kH, kW, C, M) -> (M, C, kH, kW)
     "MaxPool": (["X"], _X),
+    "AveragePool": (["X"], _X),
     "GlobalAveragePool": (["X"], _X),
     "GlobalMaxPool": (["X"], _X),
     "BatchNormalization": (["X", "scale", "B", "mean", "var"], _X)}

@@ -18,7 +18,8 @@ from oxla.lowering.ops import conv_forms
 from oxla.lowering.ops.conv import conv_integer as conv_integer_first
 from oxla.lowering.ops.conv import conv_transpose as conv_transpose_first
 from oxla.lowering.ops.conv import conv_window, transpose_window
-from oxla.lowering.ops.pool import wide, window
+from oxla.lowering.ops.pool import average_pool as average_pool_first
+from oxla.lowering.ops.pool import pool_counts, wide, window
 from oxla.lowering.ops.qmath import int_conv_last
 from oxla.lowering.registry import rule
 from oxla.passes.channels_last import DOMAIN
@@ -66,6 +67,24 @@ def max_pool(cx, x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_sh
     """MaxPool (Y only) with X and Y channels last."""
     win = window(cx, _first(x), kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     return win.max(x, last=True)
+
+
+@rule("AveragePool", since=1, domain=DOMAIN)
+def average_pool(cx, x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None,
+                 kernel_shape=None, pads=None, strides=None):
+    """AveragePool with X and Y channels last: window sums as strided slices (Window.sum), each
+    divided by its count; a large window takes the channels-first rule between transposes (a
+    channels-last reduce_window is what XLA:CPU got wrong; see oxla.passes.channels_last)."""
+    win = window(cx, _first(x), kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    xs = wide(x)
+    sums = win.sum(xs, last=True)
+    if sums is None:
+        y = average_pool_first(cx, jnp.moveaxis(x, -1, 1), auto_pad=auto_pad, ceil_mode=ceil_mode,
+                               count_include_pad=count_include_pad, dilations=dilations,
+                               kernel_shape=kernel_shape, pads=pads, strides=strides)
+        return jnp.moveaxis(y, 1, -1)
+    counts = pool_counts(win, count_include_pad).reshape((1, *win.out, 1))
+    return (sums / counts.astype(xs.dtype)).astype(x.dtype)
 
 
 @rule("GlobalAveragePool", since=1, domain=DOMAIN)

@@ -16,7 +16,7 @@ from jax import lax
 
 from oxla.lowering.ops import qmath
 from oxla.lowering.ops.elementwise import LOGISTIC_P, LOGISTIC_Q
-from oxla.lowering.ops.pool import _counts, window
+from oxla.lowering.ops.pool import pool_counts, window
 from oxla.lowering.ops.quantize import dequantize_linear, qlinear_conv, quantize_linear
 from oxla.lowering.registry import rule
 
@@ -327,7 +327,7 @@ def qlinear_average_pool(cx, X, x_scale, x_zero_point, y_scale, y_zero_point=Non
     if count_include_pad:
         counts = np.full(win.out, math.prod(win.kernel), np.float32)
     else:
-        counts = _counts(win, 0).astype(np.float32)
+        counts = pool_counts(win, 0).astype(np.float32)
     y = qmath.div32(qmath.div32(total, jnp.asarray(counts)), y_scale.reshape(()))
     y = qmath.convert_saturate(y + _zero_point(y_zero_point), np.dtype(X.dtype), rounded=True)
     return jnp.moveaxis(y, 1, -1) if channels_last else y

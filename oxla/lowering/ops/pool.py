@@ -64,6 +64,15 @@ class Window:
             return self.reduce(x, lowest(x.dtype), lax.max, last=last)
         return _window_max(x, self, last)
 
+    def sum(self, x, *, last: bool = False):
+        """Sum of each window (zero padding) as running sums of strided slices, one spatial axis
+        at a time, when the window is small (else None). Channels last it replaces a
+        reduce_window that XLA:CPU's YNNPACK fusions got wrong inside light densenet121
+        (see oxla.passes.channels_last)."""
+        if sum(self.kernel) > _MAX_SLICES or 0 in self.out:
+            return None
+        return _window_slices(x, self, last, np.zeros((), x.dtype), lax.add)
+
     def taps(self, axis: int) -> np.ndarray:
         """Input position of every (output cell, kernel tap) on one axis: (out, kernel)."""
         o = np.arange(self.out[axis])[:, None] * self.strides[axis]
@@ -77,7 +86,12 @@ _MAX_SLICES = 32  # beyond this many slices in all, reduce_window (large windows
 def _window_max(x, win: Window, last: bool):
     """Window.max as strided slices; its derivatives are reduce_window's (the first maximum of a
     window takes the gradient), so training sees the same MaxPool either way."""
-    low = np.asarray(lowest(x.dtype), x.dtype)
+    return _window_slices(x, win, last, np.asarray(lowest(x.dtype), x.dtype), lax.max)
+
+
+def _window_slices(x, win: Window, last: bool, low: Any, op: Any):
+    """`op` (max, add) over each window: X padded with `low`, then strided slices combined one
+    spatial axis at a time."""
     first = 1 if last else 2
     config = [(0, 0, 0)] * x.ndim
     for axis, ((lo, hi), e) in enumerate(zip(win.pads, win.extra)):
@@ -92,7 +106,7 @@ def _window_max(x, win: Window, last: bool):
             start, limit, step = [0] * y.ndim, list(y.shape), [1] * y.ndim
             start[a], limit[a], step[a] = tap * d, tap * d + (o - 1) * s + 1, s
             part = lax.slice(y, start, limit, step)
-            best = part if best is None else lax.max(best, part)
+            best = part if best is None else op(best, part)
         y = best
     return y
 
@@ -185,7 +199,7 @@ def max_pool(cx, x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_sh
 
 # --- AveragePool and LpPool ---------------------------------------------------------------------
 
-def _counts(win: Window, count_include_pad: int) -> np.ndarray:
+def pool_counts(win: Window, count_include_pad: int) -> np.ndarray:
     """How many elements each window averages: real ones, or real and explicit-pad ones."""
     total = np.ones(win.out, np.int64)
     for axis, (size, (lo, hi)) in enumerate(zip(win.sizes, win.pads)):
@@ -203,7 +217,7 @@ def average_pool(cx, x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, 
     win = window(cx, x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     xs = wide(x)
     sums = win.reduce(xs, 0, lax.add)
-    return (sums / jnp.asarray(_counts(win, count_include_pad), xs.dtype)).astype(x.dtype)
+    return (sums / jnp.asarray(pool_counts(win, count_include_pad), xs.dtype)).astype(x.dtype)
 
 
 def _lp(x, p, reduce):
