@@ -899,6 +899,37 @@ def test_grouped_convolutions_run_on_the_conv_kernel_by_panels(monkeypatch: pyte
 
 
 @needs_kernel
+@pytest.mark.parametrize("size", [6, 20])
+def test_grouped_pointwise_convolutions_read_x_in_place(monkeypatch: pytest.MonkeyPatch,
+                                                       size: int) -> None:
+    """ShuffleNet's grouped 1x1 convolutions (6 and 28 channels a group, with Relu and a residual
+    Add) on the convolution kernel read X's rows in place, at stride CX; a padded one and a
+    strided one build im2col rows as before. Two images: the rows run on from one into the next."""
+    monkeypatch.setattr(native_gemm, "MIN_FLOPS", 0.0)
+    inits: list[onnx.TensorProto] = []
+
+    def conv(name: str, x: str, cin: int, cout: int, group: int, **attrs: Any) -> onnx.NodeProto:
+        inits.append(numpy_helper.from_array(
+            (RNG.standard_normal((cout, cin // group, 1, 1)) / np.sqrt(cin / group)).astype(np.float32),
+            f"{name}_w"))
+        inits.append(numpy_helper.from_array(RNG.standard_normal(cout).astype(np.float32), f"{name}_b"))
+        return helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [name], kernel_shape=[1, 1],
+                                group=group, **attrs)
+
+    nodes = [conv("a", "x", 24, 112, 4), helper.make_node("Relu", ["a"], ["a_r"]),       # 6 a group
+             conv("b", "a_r", 112, 112, 4), helper.make_node("Add", ["b", "a_r"], ["b_a"]),  # 28
+             conv("c", "b_a", 112, 96, 4, pads=[1, 0, 0, 1]),                              # padded
+             conv("d", "c", 96, 96, 4, strides=[2, 2])]                                     # strided
+    out = (size + 1 + 1) // 2
+    model = _model(nodes, (2, 24, size, size), {"d": (2, 96, out, out)}, inits)
+    planned = _planned(model)
+    kinds = [(n.op_type, next(a.i for a in n.attribute if a.name == "group"))
+             for n in planned.graph.node if n.domain == native_rule.DOMAIN]
+    assert kinds == [("ConvRelu", 4), ("ConvAdd", 4), ("Conv", 4), ("Conv", 4)]
+    _agrees(model, planned, RNG.standard_normal((2, 24, size, size)).astype(np.float32))
+
+
+@needs_kernel
 def test_small_depthwise_stay_xla_by_the_bound_of_their_cores() -> None:
     """_dw_net(size)'s four depthwise layers (one a multiplier's) do 576, 400, 288 and 288 x size^2
     flops: at 8 all under

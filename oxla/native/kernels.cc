@@ -900,9 +900,14 @@ void conv_range(const ConvJob& j, int64_t b0, int64_t b1, int64_t p0, int64_t p1
   // time, 256 -> 256 0.93x; one thread equal.
   thread_local uint64_t buf_call = 0;  // the call whose every block buf holds (0: none)
   bool whole = b0 == 0 && b1 == j.blocks && group == b1 && j.groups == 1;
-  bool kept = whole && buf_call == j.call;
-  buf_call = whole ? j.call : 0;  // a part runs to its end on this thread
-  buf.resize((size_t)(group * MR * j.K));
+  // A 1x1 window at stride 1 without pads reads X's rows as they lie: a group's im2col row is
+  // its C channels of the pixel, C floats in place at stride CX. ShuffleNet's grouped 1x1
+  // convolutions (6 channels a group) spent most of their time copying them.
+  bool in_place = j.KH == 1 && j.KW == 1 && j.sh == 1 && j.sw == 1 && j.pt == 0 && j.pl == 0
+                  && j.OH == j.H && j.OW == j.W;
+  bool kept = in_place || (whole && buf_call == j.call);
+  buf_call = whole && !in_place ? j.call : 0;  // a part runs to its end on this thread
+  if (!in_place) buf.resize((size_t)(group * MR * j.K));
   // W's panels [p0, p1) group by group (one group: all of them), each group's from its own
   // im2col rows; a group's panel i is its columns [32 i, 32 i + 32) of MS (fewer in its last),
   // at Y's columns s MS + 32 i (tile_rows reads W at Bp + n0 K: shifted to the packed panel)
@@ -922,7 +927,8 @@ void conv_range(const ConvJob& j, int64_t b0, int64_t b1, int64_t p0, int64_t p1
           const float* bp = j.Bp + (p * NR - q.n0) * j.K;
           for (int64_t b = g0; b < g1; ++b) {
             int64_t r0 = j.row(b);
-            tile_rows((int)(j.row(b + 1) - r0), j.K, kb, buf.data() + (b - g0) * MR * j.K, j.K,
+            const float* a = in_place ? j.X + r0 * j.CX + s * j.C : buf.data() + (b - g0) * MR * j.K;
+            tile_rows((int)(j.row(b + 1) - r0), j.K, kb, a, in_place ? j.CX : j.K,
                       nullptr, bp, q, j.bias, j.Y + r0 * j.M, j.M,
                       j.residual ? j.residual + r0 * j.M : nullptr, j.act, j.lo, j.hi);
           }
