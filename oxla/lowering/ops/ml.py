@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from oxla.lowering.common import derived
 from oxla.lowering.ops.string import strings, text
 from oxla.lowering.registry import rule
 from oxla.lowering.values import is_concrete
@@ -300,8 +301,14 @@ def category_mapper(cx, x, *, cats_int64s=None, cats_strings=None, default_int64
 def one_hot_encoder(cx, x, *, cats_int64s=None, cats_strings=None, zeros=1):
     """Y[..., j] = (X == cats[j]), float32; zeros=0 rejects values in no category  (v1+)."""
     if x.dtype == object:
-        cats = [text(s) for s in cats_strings or ()]
-        codes = lookup(cx, x, cats, np.arange(len(cats), dtype=np.int64), -1)
+        def table() -> dict[str, int]:  # a repeated category: the last one counts
+            return {text(s): i for i, s in enumerate(cats_strings or ())}
+
+        index = derived("OneHotEncoder", (cats_strings,), table)
+        flat = np.asarray(cx.static(x)).reshape(-1)
+        codes = np.fromiter((index.get(text(v), -1) for v in flat), np.int64,
+                            count=flat.size).reshape(x.shape)
+        cats = range(len(cats_strings or ()))
     else:
         cats = list(cats_int64s or ())
         # onnxruntime truncates float inputs to int64 before looking them up
