@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence, Set
 from typing import Any
 
@@ -125,6 +126,50 @@ def tensor_value(name: str, convert: Any) -> np.ndarray:
         return np.asarray(convert())
     except (ValueError, TypeError, KeyError, IndexError) as e:
         raise InvalidModelError(f"tensor '{name}': its data does not fit its type and shape ({e})") from None
+
+
+# numpy dtypes whose ONNX raw_data is their little-endian bytes as they lie
+_RAW = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE,
+        np.dtype(np.float16): TensorProto.FLOAT16, np.dtype(np.int64): TensorProto.INT64,
+        np.dtype(np.int32): TensorProto.INT32, np.dtype(np.int16): TensorProto.INT16,
+        np.dtype(np.int8): TensorProto.INT8, np.dtype(np.uint8): TensorProto.UINT8,
+        np.dtype(np.bool_): TensorProto.BOOL}
+
+
+def set_tensor(tensor: TensorProto, name: str, value: np.ndarray) -> TensorProto:
+    """Make `tensor` hold `value` named `name`, its bytes copied once (numpy_helper.from_array,
+    then appending or CopyFrom, copied them three times: VGG-19's 411 MB weight 1.26 against
+    0.47 s); other dtypes through from_array."""
+    value = np.asarray(value)
+    kind = _RAW.get(value.dtype)
+    if kind is None or sys.byteorder != "little":
+        tensor.CopyFrom(numpy_helper.from_array(value, name))
+        return tensor
+    tensor.Clear()
+    tensor.name = name
+    tensor.data_type = kind
+    tensor.dims.extend(value.shape)
+    tensor.raw_data = np.ascontiguousarray(value).tobytes()
+    return tensor
+
+
+def add_initializer(graph: GraphProto, name: str, value: np.ndarray) -> TensorProto:
+    """Append `value` as initializer `name` (set_tensor: its bytes copied once)."""
+    return set_tensor(graph.initializer.add(), name, value)
+
+
+def transposed(value: np.ndarray, axes: Sequence[int] | None = None) -> np.ndarray:
+    """np.transpose(value, axes) as a C-contiguous copy; a large 2-D one in tiles of 256 x 256
+    that stay in cache (numpy's own copy of VGG-19's 4096 x 25088 weight: 1.99 s, tiled 0.25)."""
+    if value.ndim != 2 or (axes is not None and tuple(axes) != (1, 0)) or value.size < 1 << 20:
+        return np.ascontiguousarray(np.transpose(value, axes))
+    n, m = value.shape
+    out = np.empty((m, n), value.dtype)
+    tile = 256
+    for i in range(0, n, tile):
+        for j in range(0, m, tile):
+            out[j:j + tile, i:i + tile] = value[i:i + tile, j:j + tile].T
+    return out
 
 
 def drop_initializers(graph: GraphProto, dead: Callable[[str], bool]) -> int:

@@ -19,7 +19,14 @@ from __future__ import annotations
 import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, numpy_helper
 
-from oxla.graph import attribute_value, drop_initializers, model_opsets, node_reads, tensor_value
+from oxla.graph import (
+    add_initializer,
+    attribute_value,
+    drop_initializers,
+    model_opsets,
+    node_reads,
+    tensor_value,
+)
 
 SUFFIX = "__oxla_bn"
 
@@ -49,7 +56,8 @@ def fold_batch_norms(model: ModelProto) -> int:
             continue
         w, b = made
         names = (f"{bn.output[0]}{SUFFIX}_w", f"{bn.output[0]}{SUFFIX}_b")
-        graph.initializer.extend(numpy_helper.from_array(v, n) for v, n in zip((w, b), names))
+        for v, n in zip((w, b), names, strict=True):
+            add_initializer(graph, n, v)
         del conv.input[1:]
         conv.input.extend(names)
         conv.output[0] = bn.output[0]

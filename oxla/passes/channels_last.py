@@ -39,7 +39,7 @@ from onnx import (
     numpy_helper,
 )
 
-from oxla.graph import canonical_domain, constant_values, model_opsets, node_reads
+from oxla.graph import add_initializer, canonical_domain, constant_values, model_opsets, node_reads
 from oxla.passes.qlinear_conv import DOMAIN as REQUANTIZE
 
 DOMAIN = "oxla.channels_last"
@@ -127,7 +127,7 @@ class _Rewrite:
                 full = value.reshape((1,) * (4 - value.ndim) + value.shape)
                 relaid = np.ascontiguousarray(full.transpose(TO_LAST))
                 self.relaid[name] = name + SUFFIX
-                self.graph.initializer.append(numpy_helper.from_array(relaid, name + SUFFIX))
+                add_initializer(self.graph, name + SUFFIX, relaid)
             return self.relaid[name]
         rank = self.ranks.get(name)
         if rank == 0 or (rank is not None and not make and rank <= 4):
@@ -326,7 +326,7 @@ class _Rewrite:
     def _constant_input(self, node: NodeProto, i: int, suffix: str, value: np.ndarray) -> str:
         """A new initializer for input `i` of `node`: its channels-last `value`."""
         name = (node.output[0] or node.name) + suffix + SUFFIX
-        self.graph.initializer.append(numpy_helper.from_array(value, name))
+        add_initializer(self.graph, name, value)
         return name
 
     def _slice(self, node: NodeProto) -> bool:

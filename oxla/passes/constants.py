@@ -19,7 +19,7 @@ import numpy as np
 from onnx import ModelProto, NodeProto, numpy_helper
 
 from oxla.dtypes import is_float
-from oxla.graph import constant_values, tensor_value
+from oxla.graph import add_initializer, constant_values, tensor_value
 from oxla.host import machine_memory
 
 LARGE = 1024
@@ -70,7 +70,7 @@ def _to_initializers(model: ModelProto, value_of: Callable[[NodeProto], np.ndarr
         if value is None:
             keep.append(node)
             continue
-        graph.initializer.append(numpy_helper.from_array(value, node.output[0]))
+        add_initializer(graph, node.output[0], value)
         moved += 1
     if moved:
         del graph.node[:]

@@ -93,6 +93,7 @@ from onnx import (
 from oxla import native
 from oxla.cpu_client import CONVOLUTIONS
 from oxla.graph import (
+    add_initializer,
     attribute_value,
     constant_values,
     drop_initializers,
@@ -817,9 +818,9 @@ def _weights(graph: GraphProto, packed: dict[str, str], name: str, kernel: np.nd
         value = native.pack(kernel)
         if grouped:
             value = value.reshape((-1, *value.shape[2:]))
-        graph.initializer.append(numpy_helper.from_array(value, packed[name]))
+        add_initializer(graph, packed[name], value)
     bias_name = f"{node.output[0]}{BIAS_SUFFIX}"
-    graph.initializer.append(numpy_helper.from_array(bias, bias_name))
+    add_initializer(graph, bias_name, bias)
     return packed[name], bias_name
 
 
@@ -988,13 +989,13 @@ def depthwise_to_native(model: ModelProto, small: bool = False, pooled: bool = F
         fold = _Fold(output=y, absorbed=affine)
         _activation(g, y, fold)
         w_name, bias_name = f"{node.output[0]}{SUFFIX}", f"{node.output[0]}{BIAS_SUFFIX}"
-        graph.initializer.append(numpy_helper.from_array(kernel.astype(np.float32), w_name))
-        graph.initializer.append(numpy_helper.from_array(bias.astype(np.float32), bias_name))
+        add_initializer(graph, w_name, kernel.astype(np.float32))
+        add_initializer(graph, bias_name, bias.astype(np.float32))
         inputs = [node.input[0], w_name, bias_name]
         if pre is not None:  # read the product itself, its bias and activation applied per load
             product, _, pre_fold, pre_value = pre
             pre_bias = f"{node.output[0]}{PRE_BIAS_SUFFIX}"
-            graph.initializer.append(numpy_helper.from_array(pre_value, pre_bias))
+            add_initializer(graph, pre_bias, pre_value)
             del product.input[2:]
             inputs = [product.output[0], w_name, bias_name, pre_bias, *(pre_fold.bounds or ())]
             removed.update(id(n) for n in pre_fold.absorbed)  # the activation (HardSwish's two)

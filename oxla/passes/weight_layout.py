@@ -22,7 +22,7 @@ import numpy as np
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from oxla.dtypes import is_float
-from oxla.graph import attribute_value, node_reads, tensor_value
+from oxla.graph import attribute_value, node_reads, set_tensor, tensor_value, transposed
 
 SUFFIX = "__oxla_hwio"
 KN_SUFFIX = "__oxla_kn"
@@ -62,7 +62,7 @@ def conv_weights_to_hwio(model: ModelProto) -> int:
             continue
         r = value.ndim
         hwio = np.ascontiguousarray(np.transpose(value, (*range(2, r), 1, 0)))
-        tensor.CopyFrom(numpy_helper.from_array(hwio, name + SUFFIX))
+        set_tensor(tensor, name + SUFFIX, hwio)
         moved.append(helper.make_node("Transpose", [name + SUFFIX], [name], name=name + "_to_oihw",
                                       perm=[r - 1, r - 2, *range(r - 2)]))
     if moved:
@@ -86,7 +86,7 @@ def gemm_weights_to_kn(model: ModelProto) -> int:
             value = tensor_value(tensor.name, lambda t=tensor: numpy_helper.to_array(t))
             if is_float(value.dtype):
                 renamed[tensor.name] = tensor.name + KN_SUFFIX
-                tensor.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(value.T), renamed[tensor.name]))
+                set_tensor(tensor, renamed[tensor.name], transposed(value))
     for node in graph.node:
         if _onnx(node, "Gemm") and len(node.input) > 1 and node.input[1] in renamed:
             node.input[1] = renamed[node.input[1]]

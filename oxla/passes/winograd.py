@@ -24,7 +24,7 @@ import numpy as np
 from onnx import FunctionProto, ModelProto, NodeProto, helper, numpy_helper
 
 from oxla import native as oxla_native
-from oxla.graph import drop_initializers, inferred_types, model_opsets, node_reads
+from oxla.graph import add_initializer, drop_initializers, inferred_types, model_opsets, node_reads
 from oxla.lowering.ops.winograd import DOMAIN, P, kernel_transform
 from oxla.passes.channels_last import DOMAIN as LAST
 from oxla.passes.channels_last import TO_FIRST, TO_LAST
@@ -108,7 +108,7 @@ def convs_to_winograd(model: ModelProto, native: bool = False) -> int:
         if node.output[0] in small:
             continue
         u_name = names[-1] + SUFFIX
-        graph.initializer.append(numpy_helper.from_array(kernel_transform(hwio), u_name))
+        add_initializer(graph, u_name, kernel_transform(hwio))
         node.input[1] = u_name
         node.domain = DOMAIN
         del node.attribute[:]
