@@ -254,3 +254,41 @@ def test_batch_norm_after_a_conv_folds_into_its_weights() -> None:
     bn = training.graph.node[1]
     bn.attribute.append(helper.make_attribute("training_mode", 1))
     assert fold_batch_norms(training) == 0
+
+
+def test_initializers_written_by_the_passes_read_back_as_numpy_helper_writes_them() -> None:
+    """graph.set_tensor copies a numeric array's bytes once as raw_data; other dtypes (strings,
+    bfloat16) go through numpy_helper.from_array; both read back equal, shape and dtype kept."""
+    import ml_dtypes
+
+    from oxla.graph import add_initializer, set_tensor
+
+    graph = onnx.GraphProto()
+    rng = np.random.default_rng(0)
+    values = [rng.standard_normal((3, 5)).astype(t) for t in (np.float32, np.float64, np.float16)]
+    values += [rng.integers(-9, 9, (2, 7)).astype(t) for t in (np.int64, np.int32, np.int16, np.int8, np.uint8)]
+    values += [np.array([True, False, True]), np.float32(2.5), np.zeros((0, 4), np.float32),
+               np.asfortranarray(rng.standard_normal((4, 6)).astype(np.float32)),
+               np.array(["a", "bc"], dtype=object), np.array([1.5, -2], dtype=ml_dtypes.bfloat16)]
+    for i, value in enumerate(values):
+        tensor = add_initializer(graph, f"t{i}", value)
+        assert tensor.name == f"t{i}"
+        back = numpy_helper.to_array(tensor)
+        assert back.dtype == np.asarray(value).dtype and back.shape == np.shape(value)
+        np.testing.assert_array_equal(back, value)
+    set_tensor(graph.initializer[0], "again", np.arange(6, dtype=np.int64).reshape(2, 3))
+    assert graph.initializer[0].name == "again"
+    np.testing.assert_array_equal(numpy_helper.to_array(graph.initializer[0]),
+                                  np.arange(6).reshape(2, 3))
+
+
+def test_large_weights_transpose_in_tiles() -> None:
+    from oxla.graph import transposed
+
+    a = np.random.default_rng(1).standard_normal((1100, 1030)).astype(np.float32)  # > 1M, ragged tiles
+    out = transposed(a)
+    assert out.flags.c_contiguous
+    np.testing.assert_array_equal(out, a.T)
+    np.testing.assert_array_equal(transposed(a[:3, :4]), a[:3, :4].T)
+    b = a[:16, :18].reshape(2, 8, 18)
+    np.testing.assert_array_equal(transposed(b, (2, 0, 1)), np.transpose(b, (2, 0, 1)))
