@@ -370,3 +370,25 @@ def test_compile_with_layout_weights_runs_the_session_passes() -> None:
         np.testing.assert_allclose(np.asarray(compiled({"x": x})["y"]), want, rtol=1e-4, atol=1e-5)
         got = jax.jit(compiled.fn)(compiled.params, {"x": x})["y"]
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)
+
+
+def test_channel_concat_read_by_convolutions_and_pools_joins_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A channels-last Concat that convolutions and pools read is joined as rows of matrices
+    (XLA:CPU copies those 3x faster); one an elementwise op reads stays a 4-D join that op fuses.
+    Both agree with onnxruntime."""
+    from oxla.lowering.ops import layout
+
+    joins: list[bool] = []
+    whole = layout._read_whole
+    monkeypatch.setattr(layout, "_read_whole", lambda cx: joins.append(whole(cx)) or joins[-1])
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["x", "w2"], ["b"]),
+             helper.make_node("Concat", ["a", "b"], ["ab"], axis=1),
+             helper.make_node("MaxPool", ["ab"], ["p"], kernel_shape=[3, 3], strides=[2, 2]),
+             helper.make_node("Conv", ["ab", "w3"], ["c"]),
+             helper.make_node("Concat", ["c", "a"], ["ca"], axis=1),
+             helper.make_node("Relu", ["ca"], ["r"]),
+             helper.make_node("Conv", ["r", "w4"], ["y"])]
+    inits = [_w("w1", 6, 4, 3, 3), _w("w2", 5, 4, 1, 1), _w("w3", 7, 11, 1, 1), _w("w4", 3, 13, 1, 1)]
+    _check(_model(nodes, inits, ["y", "p"], x_shape=(2, 4, 9, 9)))
+    assert joins == [True, False]

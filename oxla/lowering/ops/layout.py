@@ -34,7 +34,35 @@ def _concat(cx, inputs: Sequence, axis: int):
     shape = list(inputs[0].shape)
     shape[axis] = sum(v.shape[axis] for v in inputs)
     check_size(cx, shape, inputs[0].dtype)
-    return xp(*inputs).concatenate(inputs, axis=axis)
+    m = xp(*inputs)
+    lead = shape[:axis]
+    if m is not np and CONCAT_ROWS and axis == len(shape) - 1 and axis >= 2 \
+            and all(tuple(v.shape[:axis]) == tuple(lead) for v in inputs) and _read_whole(cx):
+        # the last axis (channels last) read by convolutions and pools: joined as rows of a
+        # matrix, which XLA:CPU copies 3x faster than the same join of 4-D arrays (two
+        # (1, 55, 55, 64): 0.053 against 0.17 ms). Not where elementwise ops read it: they fuse
+        # the 4-D join (light densenet121, a BatchNormalization after each Concat: 1.06-1.09x
+        # the time with rows)
+        rows = int(np.prod(lead))
+        joined = m.concatenate([v.reshape(rows, v.shape[-1]) for v in inputs], axis=1)
+        return joined.reshape(shape)
+    return m.concatenate(inputs, axis=axis)
+
+
+CONCAT_ROWS = True
+# readers that take their input whole: oxla's kernels, convolutions and pools (XLA fused a 4-D
+# join into the strided slices of the channels-last MaxPool after it: light squeezenet 0.93x the
+# time with rows)
+WHOLE_DOMAINS = ("oxla.native", "oxla.winograd")
+WHOLE_OPS = frozenset({"Conv", "ConvInteger", "MaxPool", "AveragePool"})
+
+
+def _read_whole(cx) -> bool:
+    """Whether every reader of the node's first output takes it whole (WHOLE_DOMAINS, WHOLE_OPS)."""
+    out = cx.node.output[0]
+    readers = [n for n in cx.graph_nodes if out in n.input]
+    return bool(readers) and all(n.domain.startswith(WHOLE_DOMAINS) or n.op_type in WHOLE_OPS
+                                 for n in readers)
 
 
 @rule("Concat", since=4)
