@@ -209,8 +209,11 @@ def test_pass_folds_epilogues_and_agrees_with_onnxruntime(monkeypatch: pytest.Mo
 
 @needs_kernel
 def test_small_products_stay_xla_and_one_core_sessions_plan_one_thread() -> None:
-    # 2 * 784 * 32 * 64 flops: under MIN_FLOPS
-    assert not [n for n in _planned(_net(28)).graph.node if n.domain == native_rule.DOMAIN]
+    # 2 * 784 * 32 * 64 flops: under MIN_FLOPS, over PLAIN_MIN_FLOPS (this net has no depthwise
+    # convolution); at 6x6 (its largest, 2 * 36 * 64 * 128) under both
+    assert native_gemm.PLAIN_MIN_FLOPS < 2 * 784 * 32 * 64 < native_gemm.MIN_FLOPS
+    assert [n for n in _planned(_net(28)).graph.node if n.domain == native_rule.DOMAIN]
+    assert not [n for n in _planned(_net(6)).graph.node if n.domain == native_rule.DOMAIN]
     assert [n for n in _planned(_net(112)).graph.node if n.domain == native_rule.DOMAIN]
     assert not [n for n in _planned(_net(112), threads=0).graph.node if n.domain == native_rule.DOMAIN]
     data = _net(112).SerializeToString()

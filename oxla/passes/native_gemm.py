@@ -134,6 +134,13 @@ BODY_OPSET = 11
 # with every 1x1 convolution native against 1.77 / 1.61 ms without; with this bound 1.64 / 1.63
 # against 1.64 / 1.63; EfficientNet-B0 keeps most of its gain (7.53 / 7.44 against 7.87 / 7.79).
 MIN_FLOPS = 2e7
+# In a model without depthwise convolutions 1x1 convolutions go to the kernel from this many
+# flops: light squeezenet's fire modules (1x1 layers of 3e6 to 1.3e7 flops between kernels and
+# concatenations) 0.83-0.88x the time in four runs (each in one process against MIN_FLOPS); of
+# the other models it changes, inception v1 0.92-1.00x and the suite's ResNet-50 (one layer)
+# 0.99x. Not in mobile nets: at 3e6 ShuffleNetV2 took 1.066x and MobileNetV3-small 1.031x the
+# time (MobileNetV2, EfficientNet-B0 0.97x).
+PLAIN_MIN_FLOPS = 1e6
 # In a model of small kernels (`small_kernels`) 1x1 and depthwise convolutions go to the kernel
 # from 1e5 flops (~2-3 us of work; an FFI call costs ~2.5 us): at 0, the tf2onnx CNN's 1x1 over 4
 # channels at 8x8 ran 1.17x and the Paddle SE CNN's 8-channel depthwise at 8x8 ~2x the time
@@ -681,9 +688,14 @@ def convs_to_native(model: ModelProto, beside_depthwise: bool = True, small: boo
         return 0
     if candidates:
         rows = _known_rows(model, exact=small)
+        pointwise = _pointwise_min(small)
+        if not small and not any(_depthwise(n, producers, inits) is not None
+                                 or (n.domain == DOMAIN and "Depthwise" in n.op_type)
+                                 for n in graph.node):
+            pointwise = min(pointwise, PLAIN_MIN_FLOPS)
         candidates = [c for c in candidates if _reaches(
             rows, c[0].output[0] if c[0].output[0] in rows else c[0].input[0], c[1].size,
-            _pointwise_min(small) if c[4] is None else CONV_MIN_FLOPS, producers)]
+            pointwise if c[4] is None else CONV_MIN_FLOPS, producers)]
     # (node, op base, W as (..., K, N), its initializer, bias or None, the window's attributes)
     jobs: list[tuple[NodeProto, str, np.ndarray, str, np.ndarray | None, dict[str, Any]]] = [
         (node, "Wino", u.reshape(16, *u.shape[2:]), name, b, {}) for node, u, name, b in winograd]
