@@ -160,3 +160,23 @@ def test_suite_measures_the_file_onnxruntimes_optimizer_saves(tmp_path: Path, mo
     assert suite.ort_optimized(files[0], "vad") == path and path.stat().st_mtime_ns == made  # kept
     row = suite.measure("vad", 0, 0.05, optimized=True)
     assert row.max_abs_diff < 1e-5 and row.calls >= 5
+
+
+def test_light_zoo_random_weights_replace_the_fills_and_agree() -> None:
+    """benchmarks.light_zoo --random-weights: no ConstantOfShape left, and oxla's output on the
+    light squeezenet with those weights is onnxruntime's."""
+    import onnx
+    import onnxruntime as ort
+
+    import oxla
+    from benchmarks import light_zoo
+
+    model = light_zoo.random_weights(onnx.load(light_zoo.path_of("squeezenet")))
+    assert not [n for n in model.graph.node if n.op_type == "ConstantOfShape"]
+    feed, x = light_zoo._input(model)
+    data = model.SerializeToString()
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {feed: x})[0]
+    got = oxla.InferenceSession(data).run(None, {feed: x})[0]
+    assert np.abs(want).max() > 1e-3  # not a constant output
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    assert "random weights" in light_zoo.agreement("squeezenet")
