@@ -164,20 +164,7 @@ class Interpreter:
         def call(inputs: list[Value], scope: Scope) -> tuple[Value, ...]:
             check_input_types(ref, inputs)
             cx = Context(node, ref, inputs, opsets, self, scope, graph)
-            try:
-                if rule.fold:
-                    self._check_fold(cx, rule, attrs, inputs)
-                    out = to_static(rule.fn(cx, *inputs, **attrs))
-                else:
-                    out = rule.fn(cx, *inputs, **attrs)
-            except (NeedStatic, OxlaError):
-                raise
-            except MemoryError:
-                raise ResourceError(f"{ref.describe()}: out of memory computing the node's outputs "
-                                    f"(inputs: {', '.join(describe_value(v) for v in inputs)})") from None
-            except Exception as e:  # any failure inside a rule gets the node's context
-                raise rule_failure(ref, inputs, e) from e
-            self._check_sizes(ref, out)
+            out = self._apply(rule, cx, attrs, rule.fold, traced=False)
             outputs = out if isinstance(out, tuple) else (out,)
             if len(outputs) < named and len(outputs) < len(node.output):
                 raise LoweringError(f"{ref.describe()}: the rule produced {len(outputs)} outputs, "
@@ -206,10 +193,22 @@ class Interpreter:
             if v is not None and found.static_position(i) and not is_static(v):
                 raise NeedStatic(ref, f"input {found.input_name(i)}", node.input[i])
         cx = Context(node, ref, inputs, opsets, self, scope, graph)
+        return self._apply(found, cx, attrs, found.fold and all(is_static(v) for v in inputs),
+                           traced=True)
+
+    def _apply(self, found: Rule, cx: Context, attrs: Mapping[str, Any], fold: bool,
+               traced: bool) -> Any:
+        """The rule on cx's inputs, folded (its output numpy, after the eager-size check; inside
+        jax.ensure_compile_time_eval where a trace may be running, `traced`) or not; a failure
+        named by the node; the outputs' sizes checked."""
+        inputs, ref = list(cx.inputs), cx.ref
         try:
-            if found.fold and all(is_static(v) for v in inputs):
+            if fold:
                 self._check_fold(cx, found, attrs, inputs)
-                with jax.ensure_compile_time_eval():
+                if traced:
+                    with jax.ensure_compile_time_eval():
+                        out = to_static(found.fn(cx, *inputs, **attrs))
+                else:
                     out = to_static(found.fn(cx, *inputs, **attrs))
             else:
                 out = found.fn(cx, *inputs, **attrs)
