@@ -20,9 +20,8 @@ from oxla.host import machine_memory
 from oxla.lowering.values import is_static
 from oxla.lru import LRU
 
-# Tables rules derive from their attributes (see `derived`): keep this many.
+# Tables rules derive from their attributes (see `DerivedTables`): an interpreter keeps this many.
 DERIVED_CACHE = 64
-_DERIVED: LRU[tuple[tuple[Any, ...], Any]] = LRU(DERIVED_CACHE)
 
 
 def axis_index(cx: Any, axis: int, rank: int, what: str = "axis") -> int:
@@ -32,22 +31,28 @@ def axis_index(cx: Any, axis: int, rank: int, what: str = "axis") -> int:
     return axis % rank
 
 
-def derived[T](what: str, sources: tuple[Any, ...], build: Callable[[], T]) -> T:
-    """`build()`: a table a rule derives from attribute values (a lookup dict, an n-gram trie),
-    kept while the very same attribute objects come back. A host step parses its node's
-    attributes once and passes those objects on every call, so its tables are built once.
+class DerivedTables:
+    """Tables rules derive from attribute values (a lookup dict, an n-gram trie), kept while the
+    very same attribute objects come back: a host step parses its node's attributes once and
+    passes those objects on every call, so its tables are built once. Each interpreter (a
+    session's) holds its own, gone with it; rules reach it as `cx.derived`.
 
     Keyed by `what` and the objects' identities (hashing a vocabulary every call would cost what
     the cache saves); an entry holds its objects, so no other object takes their ids while it is
-    cached. Rules call it for host values only: a trace parses attributes anew each time.
+    cached. Rules use it for host values only: a trace parses attributes anew each time.
     """
-    key = (what, *map(id, sources))
-    hit = _DERIVED.get(key, count_miss=False)
-    if hit is not None and all(a is b for a, b in zip(hit[0], sources, strict=True)):
-        return hit[1]
-    value = build()
-    _DERIVED.setdefault(key, (sources, value))
-    return value
+
+    def __init__(self, maxsize: int = DERIVED_CACHE) -> None:
+        self._tables: LRU[tuple[tuple[Any, ...], Any]] = LRU(maxsize)
+
+    def get[T](self, what: str, sources: tuple[Any, ...], build: Callable[[], T]) -> T:
+        key = (what, *map(id, sources))
+        hit = self._tables.get(key, count_miss=False)
+        if hit is not None and all(a is b for a, b in zip(hit[0], sources, strict=True)):
+            return hit[1]  # type: ignore[no-any-return]
+        value = build()
+        self._tables.setdefault(key, (sources, value))
+        return value
 
 
 def axis_indices(cx: Any, axes: Iterable[int], rank: int, what: str = "axes") -> list[int]:

@@ -6,7 +6,7 @@ static value or breaking the graph all go through its methods.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol
 
@@ -14,6 +14,7 @@ import numpy as np
 from onnx import GraphProto, NodeProto
 
 from oxla.errors import LoweringError, NodeRef, ShapeError, describe_value
+from oxla.lowering.common import DerivedTables
 from oxla.lowering.values import Value, is_static
 
 
@@ -81,6 +82,7 @@ class Runner(Protocol):
     """What a Context needs from whoever runs the graph (the interpreter)."""
 
     options: Options
+    derived_tables: DerivedTables
 
     def run_graph(self, graph: GraphProto, inputs: Sequence[Value], outer: Scope | None,
                   opsets: Mapping[str, int]) -> list[Value]: ...
@@ -120,6 +122,12 @@ class Context:
     @property
     def options(self) -> Options:
         return self._runner.options
+
+    def derived[T](self, what: str, sources: tuple[Any, ...], build: Callable[[], T]) -> T:
+        """`build()`, kept by this session's interpreter while the same attribute objects
+        `sources` come back (common.DerivedTables): a table a host step's rule derives from its
+        attributes, built once."""
+        return self._runner.derived_tables.get(what, sources, build)
 
     @property
     def num_outputs(self) -> int:

@@ -29,7 +29,7 @@ from oxla.errors import (
 from oxla.graph import attribute_value, canonical_domain, initializer_values, model_opsets
 from oxla.host import machine_memory
 from oxla.lowering import schemas
-from oxla.lowering.common import check_eager
+from oxla.lowering.common import DerivedTables, check_eager
 from oxla.lowering.context import Context, NeedStatic, Options, Scope
 from oxla.lowering.registry import Rule, known_versions
 from oxla.lowering.typecheck import check_input_types
@@ -51,6 +51,7 @@ class Interpreter:
         self._bodies: LRU[FunctionProto] = LRU(BODY_CACHE)
         self.ran: set[tuple[str, str, str, int]] = set()  # (kind, domain, op, opset) seen running
         self._local = threading.local()  # the checks of the trace this thread is running
+        self.derived_tables = DerivedTables()  # rules' tables from attributes (Context.derived)
 
     # --- run-time checks ----------------------------------------------------------------------
 

@@ -176,6 +176,10 @@ def test_tfidf_host_step_tables_follow_each_call() -> None:
         x = np.array(row, dtype=object)
         got = session.run(None, {"x": x})[0]
         np.testing.assert_array_equal(got, run_onnxruntime(model, {"x": x})[0])
+    # the trie is the session's: its interpreter holds it, not a process-wide cache
+    assert len(session.compiled.interpreter.derived_tables._tables) == 1
+    other = oxla.InferenceSession(model.SerializeToString())
+    assert len(other.compiled.interpreter.derived_tables._tables) == 0
 
 
 def test_tfidf_bigrams_only_pool() -> None:

@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from oxla.lowering.common import derived
 from oxla.lowering.ops.string import strings, text
 from oxla.lowering.registry import rule
 from oxla.lowering.values import is_concrete
@@ -304,7 +303,7 @@ def one_hot_encoder(cx, x, *, cats_int64s=None, cats_strings=None, zeros=1):
         def table() -> dict[str, int]:  # a repeated category: the last one counts
             return {text(s): i for i, s in enumerate(cats_strings or ())}
 
-        index = derived("OneHotEncoder", (cats_strings,), table)
+        index = cx.derived("OneHotEncoder", (cats_strings,), table)
         flat = np.asarray(cx.static(x)).reshape(-1)
         codes = np.fromiter((index.get(text(v), -1) for v in flat), np.int64,
                             count=flat.size).reshape(x.shape)

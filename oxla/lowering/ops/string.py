@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
-from oxla.lowering.common import check_size, derived, xp
+from oxla.lowering.common import check_size, xp
 from oxla.lowering.registry import rule
 
 
@@ -258,7 +258,7 @@ def tf_idf_vectorizer(cx, x, *, max_gram_length=None, max_skip_count=None, min_g
 
     size = max(ngram_indexes) + 1
     host = cx.is_static(x) or bool(pool_strings)  # strings run on the host
-    t = derived("TfIdfVectorizer", (pool_strings, pool_int64s, ngram_counts, ngram_indexes,
+    t = cx.derived("TfIdfVectorizer", (pool_strings, pool_int64s, ngram_counts, ngram_indexes,
                                     min_gram_length, max_gram_length), trie) if host else trie()
     ids = _token_ids(cx, x, t.tokens, pool_strings, t.ids)
     m = xp(ids)
