@@ -28,6 +28,7 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 import oxla
+from benchmarks.conv import _model_path
 from benchmarks.run import wait_idle
 
 NAMES = ("bvlc_alexnet", "zfnet512", "vgg19", "resnet50", "inception_v1", "inception_v2",
@@ -35,7 +36,7 @@ NAMES = ("bvlc_alexnet", "zfnet512", "vgg19", "resnet50", "inception_v1", "incep
 
 
 def path_of(name: str) -> Path:
-    return Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / f"light_{name}.onnx"
+    return Path(_model_path("light:" + name))
 
 
 def _input(model: onnx.ModelProto) -> tuple[str, np.ndarray]:

@@ -128,6 +128,11 @@ def tensor_value(name: str, convert: Any) -> np.ndarray:
         raise InvalidModelError(f"tensor '{name}': its data does not fit its type and shape ({e})") from None
 
 
+def is_onnx_op(node: NodeProto | None, op: str) -> bool:
+    """Whether `node` is the default domain's op `op` (the domain written "" or "ai.onnx")."""
+    return node is not None and node.op_type == op and node.domain in ("", "ai.onnx")
+
+
 # numpy dtypes whose ONNX raw_data is their little-endian bytes as they lie
 _RAW = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE,
         np.dtype(np.float16): TensorProto.FLOAT16, np.dtype(np.int64): TensorProto.INT64,

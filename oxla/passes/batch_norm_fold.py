@@ -23,6 +23,7 @@ from oxla.graph import (
     add_initializer,
     attribute_value,
     drop_initializers,
+    is_onnx_op,
     model_opsets,
     node_reads,
     tensor_value,
@@ -43,12 +44,12 @@ def fold_batch_norms(model: ModelProto) -> int:
     for node in nodes:
         for name in node_reads(node):
             readers[name] = readers.get(name, 0) + 1
-    convs = {n.output[0]: n for n in nodes if _onnx(n, "Conv") and len(n.output) == 1
+    convs = {n.output[0]: n for n in nodes if is_onnx_op(n, "Conv") and len(n.output) == 1
              and len(n.input) >= 2 and n.input[1] in inits and (len(n.input) < 3 or not n.input[2]
                                                                 or n.input[2] in inits)}
     folded: set[int] = set()
     for bn in nodes:
-        conv = convs.get(bn.input[0]) if _onnx(bn, "BatchNormalization") and bn.input else None
+        conv = convs.get(bn.input[0]) if is_onnx_op(bn, "BatchNormalization") and bn.input else None
         if conv is None or readers.get(conv.output[0]) != 1 or not _inference(bn, opset):
             continue
         made = _fold(conv, bn, inits)
@@ -71,8 +72,6 @@ def fold_batch_norms(model: ModelProto) -> int:
     return len(folded)
 
 
-def _onnx(node: NodeProto, op: str) -> bool:
-    return node.op_type == op and node.domain in ("", "ai.onnx")
 
 
 def _inference(bn: NodeProto, opset: int) -> bool:

@@ -689,9 +689,7 @@ def convs_to_native(model: ModelProto, beside_depthwise: bool = True, small: boo
     if candidates:
         rows = _known_rows(model, exact=small)
         pointwise = _pointwise_min(small)
-        if not small and not any(_depthwise(n, producers, inits) is not None
-                                 or (n.domain == DOMAIN and "Depthwise" in n.op_type)
-                                 for n in graph.node):
+        if not small and not any(_depthwise_shaped(n, producers, inits) for n in graph.node):
             pointwise = min(pointwise, PLAIN_MIN_FLOPS)
         candidates = [c for c in candidates if _reaches(
             rows, c[0].output[0] if c[0].output[0] in rows else c[0].input[0], c[1].size,
@@ -958,6 +956,23 @@ def _depthwise(node: NodeProto, producers: dict[str, NodeProto], inits: dict[str
         return None
     del window["kernel_shape"]  # W's shape
     return np.ascontiguousarray(found[0][:, :, 0, :]), b, window, group
+
+
+def _depthwise_shaped(node: NodeProto, producers: dict[str, NodeProto],
+                      inits: dict[str, TensorProto]) -> bool:
+    """Whether `node` is a depthwise layer: oxla's Depthwise*, or a channels-last Conv of groups of
+    one input channel each (its W's dims alone: no weight is read)."""
+    if node.domain == DOMAIN:
+        return "Depthwise" in node.op_type
+    if node.op_type != "Conv" or node.domain != LAST or len(node.input) < 2 \
+            or next((int(attribute_value(a)) for a in node.attribute if a.name == "group"), 1) < 2:
+        return False
+    name, axis = node.input[1], 1  # OIHW
+    producer = producers.get(name)
+    if name not in inits and producer is not None and producer.op_type == "Transpose":
+        name, axis = producer.input[0], 2  # conv_weights_to_hwio's HWIO
+    dims = inits[name].dims if name in inits else ()
+    return len(dims) == 4 and dims[axis] == 1
 
 
 def depthwise_to_native(model: ModelProto, small: bool = False, pooled: bool = False) -> int:

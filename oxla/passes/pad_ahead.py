@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import AttributeProto, FunctionProto, ModelProto, NodeProto, helper
 
-from oxla.graph import model_opsets, node_reads
+from oxla.graph import is_onnx_op, model_opsets, node_reads
 from oxla.passes.channels_last import DOMAIN as LAST
 
 DOMAIN = "oxla.pad_ahead"
@@ -83,19 +83,15 @@ def pad_ahead(model: ModelProto, keep: set[str] | frozenset[str] = frozenset()) 
     return len(after)
 
 
-def _onnx(node: NodeProto | None, op: str) -> bool:
-    return node is not None and node.op_type == op and node.domain in ("", "ai.onnx")
-
-
 def _silu_input(mul: NodeProto, made: dict[str, NodeProto], readers: dict[str, int]) -> str | None:
     """x of x * Sigmoid(x) (SiLU as torch exports it) when `mul` is that product, read once,
     and its Sigmoid is read by `mul` alone. oxla stores a float32 product (qmath.mul32), so the
     strided Conv's loop reads the stored SiLU and recomputes only the border's select."""
-    if not _onnx(mul, "Mul") or len(mul.input) != 2 or readers.get(mul.output[0]) != 1:
+    if not is_onnx_op(mul, "Mul") or len(mul.input) != 2 or readers.get(mul.output[0]) != 1:
         return None
     for x, y in (mul.input, reversed(mul.input)):
         sig = made.get(y)
-        if _onnx(sig, "Sigmoid") and sig is not None and sig.input[0] == x \
+        if is_onnx_op(sig, "Sigmoid") and sig is not None and sig.input[0] == x \
                 and readers.get(sig.output[0]) == 1:
             return x
     return None

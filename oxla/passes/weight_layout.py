@@ -22,7 +22,14 @@ import numpy as np
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from oxla.dtypes import is_float
-from oxla.graph import attribute_value, node_reads, set_tensor, tensor_value, transposed
+from oxla.graph import (
+    attribute_value,
+    is_onnx_op,
+    node_reads,
+    set_tensor,
+    tensor_value,
+    transposed,
+)
 
 SUFFIX = "__oxla_hwio"
 KN_SUFFIX = "__oxla_kn"
@@ -44,14 +51,12 @@ def _only_read_as(graph: GraphProto, wanted: Callable[[NodeProto], bool], index:
     return slot - other
 
 
-def _onnx(node: NodeProto, op_type: str) -> bool:
-    return node.op_type == op_type and node.domain in ("", "ai.onnx")
 
 
 def conv_weights_to_hwio(model: ModelProto) -> int:
     """Re-lay out float initializers read only as Conv's W input; returns how many."""
     graph = model.graph
-    conv_w = _only_read_as(graph, lambda n: _onnx(n, "Conv"), 1)
+    conv_w = _only_read_as(graph, lambda n: is_onnx_op(n, "Conv"), 1)
     moved = []
     for tensor in graph.initializer:
         name = tensor.name
@@ -61,7 +66,7 @@ def conv_weights_to_hwio(model: ModelProto) -> int:
         if not is_float(value.dtype):
             continue
         r = value.ndim
-        hwio = np.ascontiguousarray(np.transpose(value, (*range(2, r), 1, 0)))
+        hwio = transposed(value, (*range(2, r), 1, 0))
         set_tensor(tensor, name + SUFFIX, hwio)
         moved.append(helper.make_node("Transpose", [name + SUFFIX], [name], name=name + "_to_oihw",
                                       perm=[r - 1, r - 2, *range(r - 2)]))
@@ -79,7 +84,7 @@ def _attr(node: NodeProto, name: str, default: int) -> int:
 def gemm_weights_to_kn(model: ModelProto) -> int:
     """Transpose float initializers read only as Gemm's B with transB=1; returns how many."""
     graph = model.graph
-    weights = _only_read_as(graph, lambda n: _onnx(n, "Gemm") and _attr(n, "transB", 0) == 1, 1)
+    weights = _only_read_as(graph, lambda n: is_onnx_op(n, "Gemm") and _attr(n, "transB", 0) == 1, 1)
     renamed = {}
     for tensor in graph.initializer:
         if tensor.name in weights and len(tensor.dims) == 2:
@@ -88,7 +93,7 @@ def gemm_weights_to_kn(model: ModelProto) -> int:
                 renamed[tensor.name] = tensor.name + KN_SUFFIX
                 set_tensor(tensor, renamed[tensor.name], transposed(value))
     for node in graph.node:
-        if _onnx(node, "Gemm") and len(node.input) > 1 and node.input[1] in renamed:
+        if is_onnx_op(node, "Gemm") and len(node.input) > 1 and node.input[1] in renamed:
             node.input[1] = renamed[node.input[1]]
             for a in node.attribute:
                 if a.name == "transB":

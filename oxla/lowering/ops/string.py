@@ -145,10 +145,11 @@ def _ngram_trie(pool: Sequence[Any], ngram_counts: Sequence[int], ngram_indexes:
     return _Trie(tokens, tid, keys, children, np.array(outputs, dtype=np.int64), edges)
 
 
-def _token_ids(cx, x: Any, tokens: list[Any], pool_strings: Any, tid: dict[Any, int]) -> Any:
+def _token_ids(cx, x: Any, trie: _Trie, pool_strings: Any) -> Any:
     """Each item of X as its pool token id, or -1 when the pool does not hold it."""
+    tokens = trie.tokens
     if pool_strings:
-        return _map(lambda s: tid.get(text(s), -1), np.asarray(cx.static(x)), np.int64)
+        return _map(lambda s: trie.ids.get(text(s), -1), np.asarray(cx.static(x)), np.int64)
     m = xp(x)
     if not tokens:
         return m.full(x.shape, -1, np.int64)
@@ -251,6 +252,7 @@ def tf_idf_vectorizer(cx, x, *, max_gram_length=None, max_skip_count=None, min_g
                                     ("min_gram_length", min_gram_length)) if v is None]
     if missing:
         raise cx.fail(f"attributes {', '.join(missing)} are required")
+
     def trie() -> _Trie:
         pool = list(pool_strings) if pool_strings else list(pool_int64s or ())
         return _ngram_trie(pool, ngram_counts or (0,), ngram_indexes, min_gram_length,
@@ -259,8 +261,8 @@ def tf_idf_vectorizer(cx, x, *, max_gram_length=None, max_skip_count=None, min_g
     size = max(ngram_indexes) + 1
     host = cx.is_static(x) or bool(pool_strings)  # strings run on the host
     t = cx.derived("TfIdfVectorizer", (pool_strings, pool_int64s, ngram_counts, ngram_indexes,
-                                    min_gram_length, max_gram_length), trie) if host else trie()
-    ids = _token_ids(cx, x, t.tokens, pool_strings, t.ids)
+                                       min_gram_length, max_gram_length), trie) if host else trie()
+    ids = _token_ids(cx, x, t, pool_strings)
     m = xp(ids)
     rows = m.asarray(ids).reshape((1, -1) if x.ndim == 1 else ids.shape)
     steps = rows.shape[0] * rows.shape[1] * max_gram_length * (max_skip_count + 1)
