@@ -509,6 +509,28 @@ DEGENERATE = [
      {"x": np.ones(2, np.float32), "r": np.array([-3])}, r"Tile node .*repeats \(-3,\) must hold one non-negative"),
     ("ConstantOfShape-negative", "g (int64[2] s) => (float[N, M] y) { y = ConstantOfShape(s) }",
      {"s": np.array([-1, 5])}, r"ConstantOfShape node .*shape \(-1, 5\) has a negative dim"),
+    # pools: pads of a whole window or more (onnxruntime: "Pad should be smaller than kernel"),
+    # which would size the output from the attributes alone, and a window past the padded input
+    ("AveragePool-huge-pads", "g (float[1, 4, 4, 4] x) => (float[N, N, N, N] y) "
+     "{ y = AveragePool<kernel_shape = [2, 2], pads = [100000, 0, 100000, 0]>(x) }",
+     {"x": np.ones((1, 4, 4, 4), np.float32)},
+     r"AveragePool node .*pads \[100000, 0, 100000, 0\] must be smaller than kernel_shape \[2, 2\]"),
+    ("MaxPool-pads-of-a-window", "g (float[1, 4, 4, 4] x) => (float[N, N, N, N] y) "
+     "{ y = MaxPool<kernel_shape = [2, 2], pads = [0, 2, 0, 0]>(x) }",
+     {"x": np.ones((1, 4, 4, 4), np.float32)}, r"MaxPool node .*must be smaller than kernel_shape"),
+    ("LpPool-pads-of-a-window", "g (float[1, 4, 4, 4] x) => (float[N, N, N, N] y) "
+     "{ y = LpPool<kernel_shape = [2, 2], pads = [3, 0, 3, 0]>(x) }",
+     {"x": np.ones((1, 4, 4, 4), np.float32)}, r"LpPool node .*must be smaller than kernel_shape"),
+    ("MaxPool-window-past-input", "g (float[1, 4, 4, 4] x) => (float[N, N, N, N] y) "
+     "{ y = MaxPool<kernel_shape = [3, 3], dilations = [3, 3]>(x) }",
+     {"x": np.ones((1, 4, 4, 4), np.float32)},
+     r"MaxPool node .*window \(7 wide on spatial axis 0.*larger than the padded input \(4\): the "
+     r"output size would be -2"),
+    # channels last (after a Conv, oxla.passes.channels_last): the same refusal, the same node
+    ("MaxPool-channels-last-pads", "g (float[1, 4, 8, 8] x) => (float[N, N, N, N] y) "
+     "{ w = Constant<value = float[4, 4, 1, 1] {" + ", ".join(["1.0"] * 16) + "}>() "
+     "c = Conv(x, w) y = MaxPool<kernel_shape = [3, 3], pads = [3, 3, 3, 3]>(c) }",
+     {"x": np.ones((1, 4, 8, 8), np.float32)}, r"MaxPool node .*must be smaller than kernel_shape"),
 ]
 
 
@@ -517,3 +539,15 @@ def test_degenerate_sizes_are_refused(case: str, text: str, feeds: dict[str, Any
     sess = oxla.InferenceSession(text_model(text).SerializeToString())
     with pytest.raises(oxla.LoweringError, match=message):
         sess.run(None, feeds)
+
+
+def test_a_window_one_past_the_padded_input_leaves_an_empty_output() -> None:
+    """Output size 0 (not negative) is no error: onnxruntime returns the empty output too."""
+    import onnxruntime as ort
+
+    model = text_model("g (float[1, 4, 4, 4] x) => (float[N, N, N, N] y) "
+                       "{ y = MaxPool<kernel_shape = [5, 5]>(x) }").SerializeToString()
+    x = np.ones((1, 4, 4, 4), np.float32)
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = oxla.InferenceSession(model).run(None, {"x": x})[0]
+    assert want.shape == got.shape == (1, 4, 0, 0)

@@ -131,8 +131,15 @@ def window(cx, x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode=0)
     d = spatial_ints(cx, "dilations", dilations, n, 1)
     sizes = tuple(x.shape[2:])
     padding = window_pads(cx, auto_pad, pads, sizes, k, s, d)
+    if auto_pad in ("NOTSET", "") and any(lo >= ki or hi >= ki for ki, (lo, hi) in zip(k, padding)):
+        # a window wholly in the padding reads no input (the maximum of nothing, an average over
+        # no elements); onnxruntime refuses such pads as well, and huge ones would size a huge
+        # output from a few bytes of attributes
+        raise cx.fail(f"pads {[lo for lo, _ in padding] + [hi for _, hi in padding]} must be "
+                      f"smaller than kernel_shape {list(k)} on every spatial axis (a window wholly "
+                      "in the padding reads no input)")
     out, extra = [], []
-    for size, ki, si, di, (lo, hi) in zip(sizes, k, s, d, padding):
+    for axis, (size, ki, si, di, (lo, hi)) in enumerate(zip(sizes, k, s, d, padding)):
         span = (ki - 1) * di + 1
         room = size + lo + hi - span
         o = room // si + 1
@@ -140,7 +147,12 @@ def window(cx, x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode=0)
             o = -(-room // si) + 1
             if (o - 1) * si >= size + lo:  # a last window starting in the end padding is dropped
                 o -= 1
-        out.append(max(o, 0))  # a window larger than the padded input leaves no output
+        if o < 0:  # (0: a window one larger than the padded input; no output, as in onnxruntime)
+            raise cx.fail(f"the window ({span} wide on spatial axis {axis}, kernel_shape {list(k)}, "
+                          f"dilations {list(d)}) is larger than the padded input ({size + lo + hi}): "
+                          f"the output size would be {o}; check kernel_shape, pads, strides and "
+                          "dilations")
+        out.append(o)
         extra.append(max((o - 1) * si + span - (size + lo + hi), 0))
     return Window(sizes, k, s, d, tuple(padding), tuple(extra), tuple(out))
 
