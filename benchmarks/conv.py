@@ -20,7 +20,9 @@ in its own process: threads 0 is both runtimes' default; threads 1 is onnxruntim
 intra_op_num_threads=1 and XLA with --xla_cpu_multi_thread_eigen=false, both pinned to one core
 with taskset. Within a process the candidates are timed in interleaved blocks (~3 ms of calls
 each, each started once the other threads of the process sleep, its first two calls not counted)
-over --rounds rounds; a time is the median over rounds of the per-call mean of a block.
+over --rounds rounds; a time is the median over rounds of the per-call mean of a block, and a
+ratio to onnxruntime the median over rounds of a block's time over that of an onnxruntime block
+timed just before it (`_interleaved`'s pairs).
 """
 
 from __future__ import annotations
@@ -130,6 +132,15 @@ class Row:
     oxla_floor_ms: float
     ort_floor_ms: float
     forms_ms: dict[str, float] = field(default_factory=dict)
+    # each candidate's paired ratio (`_interleaved`): the median over rounds of its block's time
+    # over the onnxruntime block timed just before it
+    ratios: dict[str, float] = field(default_factory=dict)
+
+    def ratio(self, name: str) -> float:
+        """`name`'s paired ratio to onnxruntime (the ratio of medians for rows without one)."""
+        if name in self.ratios:
+            return self.ratios[name]
+        return (self.oxla_ms if name == "oxla" else self.forms_ms[name]) / self.ort_ms
 
 
 def _pads(s: Shape) -> int:
@@ -248,21 +259,42 @@ def _block(fn: Callable[[], Any], calls: int) -> float:
     return (_clock() - start) / calls * 1e3
 
 
-def _interleaved(calls: dict[str, Callable[[], Any]], rounds: int, block_ms: float) -> dict[str, float]:
-    """Median over rounds of each call's per-call time in a block of ~block_ms, blocks interleaved.
+def _interleaved(calls: dict[str, Callable[[], Any]], rounds: int, block_ms: float,
+                 paired: bool = False) -> tuple[dict[str, float], dict[str, float]]:
+    """Median over rounds of each call's per-call time in a block of ~block_ms, blocks interleaved;
+    with `paired`, also each call's paired ratio to calls["ort"]: every round times an "ort"
+    block just before each other call's block, and the ratio is the median over rounds of the
+    two blocks' quotient (the "ort" time is then the median of all its blocks). The host's speed
+    moves in phases of seconds: of 9 rounds of MobileNetV2's 960@7 layer, the kernel's blocks took
+    35-77 us and onnxruntime's 38-78 us, each following the other; the ratio of the medians was
+    1.42x, the median of the paired quotients 1.02x. A round of all the forms of a shape lasts
+    seconds, so an unpaired "ort" block can come from another phase.
     As in the suite, every block starts once the process's other threads sleep (onnxruntime's
     pool spins 40-55 ms after its last call: a block of oxla's two-thread kernels right after it
     found the second core taken, the 144@28 depthwise layer 1.82x onnxruntime's time where alone
     it takes 0.4x) and its first SETTLE calls are not counted."""
     per_block = {name: max(1, int(block_ms / max(_block(fn, 3), 1e-3))) for name, fn in calls.items()}
     times: dict[str, list[float]] = {name: [] for name in calls}
+    quotients: dict[str, list[float]] = {name: [] for name in calls if name != "ort"}
+
+    def block(name: str) -> float:
+        fn = calls[name]
+        wait_idle()
+        for _ in range(SETTLE):
+            fn()
+        t = _block(fn, per_block[name])
+        times[name].append(t)
+        return t
+
     for _ in range(rounds):
-        for name, fn in calls.items():
-            wait_idle()
-            for _ in range(SETTLE):
-                fn()
-            times[name].append(_block(fn, per_block[name]))
-    return {name: statistics.median(t) for name, t in times.items()}
+        for name in calls:
+            if not paired:
+                block(name)
+            elif name != "ort":
+                ort = block("ort")
+                quotients[name].append(block(name) / ort)
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    return medians, ({name: statistics.median(q) for name, q in quotients.items()} if paired else {})
 
 
 def _session_device(threads: int) -> Any:
@@ -385,9 +417,9 @@ def measure(s: Shape, threads: int, rounds: int) -> Row:
             got = np.moveaxis(got, -1, 1) if name.endswith("_last") else got
             np.testing.assert_allclose(got, want, rtol=1e-3,
                                        atol=1e-3 * float(np.abs(want).max()), err_msg=f"{s.name}: {name}")
-    med = _interleaved(calls, rounds, 3.0)
+    med, ratios = _interleaved(calls, rounds, 3.0, paired=True)
     return Row(s.name, s.kind, threads, med.pop("ort"), med.pop("oxla"), *_chosen(s, w.shape, threads),
-               med.pop("oxla_floor"), med.pop("ort_floor"), med)
+               med.pop("oxla_floor"), med.pop("ort_floor"), med, ratios)
 
 
 @dataclass
@@ -459,7 +491,7 @@ def measure_model(path: str, batch: int, rounds: int, threads: int) -> ModelRow:
                for s in sessions.values())
     calls = {"ort": lambda: ort_sess.run(None, feeds),
              **{k: lambda s=s: s.run(None, feeds) for k, s in sessions.items()}}
-    med = _interleaved(calls, rounds, 20.0)
+    med, _ = _interleaved(calls, rounds, 20.0)
     return ModelRow(Path(path).stem, batch, threads, med["ort"], med["before"], med["first"],
                     med["last"], diff)
 
@@ -523,10 +555,10 @@ def table(rows: list[Row], forms: tuple[str, ...] = FORMS) -> str:
              + " | ".join(f"{f} / ort" for f in forms) + " | fastest form |",
              "|---|---|---|---|---|---|---|" + "---|" * len(forms) + "---|"]
     for r in rows:
-        cells = [f"{r.forms_ms[f] / r.ort_ms:.2f}x" if f in r.forms_ms else "" for f in forms]
+        cells = [f"{r.ratio(f):.2f}x" if f in r.forms_ms else "" for f in forms]
         best = min(r.forms_ms, key=r.forms_ms.__getitem__)
         lines.append(f"| {r.shape} | {r.threads or 'default'} | {r.ort_ms:.3f} | {r.oxla_ms:.3f} | "
-                     f"{r.oxla_ms / r.ort_ms:.2f}x | {r.oxla_floor_ms:.3f} / {r.ort_floor_ms:.3f} | "
+                     f"{r.ratio('oxla'):.2f}x | {r.oxla_floor_ms:.3f} / {r.ort_floor_ms:.3f} | "
                      f"{r.chosen} / {r.chosen_last} | " + " | ".join(cells) + f" | {best} |")
     return "\n".join(lines)
 
@@ -570,7 +602,9 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.write:
         write_results(args.write, "Convolutions", "conv", argv,
-                      f"Times ({args.clock} clock) are medians of {args.rounds} interleaved blocks; "
+                      f"Times ({args.clock} clock) are medians of {args.rounds} interleaved blocks, "
+                      "ratios medians of each block's time over that of an onnxruntime block "
+                      "timed just before it; "
                       "form columns are raw "
                       "`jax.jit` of each conv_forms form; 'oxla session' is `oxla.InferenceSession` "
                       f"on the one-node model. Load average (1 min) {load:.1f} at the start, "
