@@ -98,6 +98,40 @@ def test_data_dependent_shape_breaks_the_graph() -> None:
     assert sess.compiled.stats.host_steps == 2
 
 
+def test_host_steps_ending_the_graph_take_the_fast_path() -> None:
+    """A graph that ends in host steps alone (a classifier's ZipMap; here a Reshape to a fed
+    shape) runs them after the first segment on the fast path, with each call's own values."""
+    m = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 18]>
+        g (float[6] x, int64[2] shape) => (float[A, B] y, float[6] r) { r = Relu(x) y = Reshape(r, shape) }
+    """)
+    sess = oxla.InferenceSession(m.SerializeToString())
+    x = np.arange(6, dtype=np.float32) - 2
+    assert sess.compiled.run_fast([x, np.array([3, 2])], host=True) is None  # nothing compiled yet
+    sess.run(None, {"x": x, "shape": np.array([3, 2])})
+    steps = sess.compiled.stats.host_steps
+    outs = sess.compiled.run_fast([x, np.array([2, 3])], host=True)  # the tail's entry
+    assert outs is not None
+    y, r = outs
+    assert y.shape == (2, 3) and y.tolist() == [[0, 0, 0], [1, 2, 3]]
+    assert np.asarray(r).tolist() == [0, 0, 0, 1, 2, 3]
+    y, r = sess.run(None, {"x": x + 1, "shape": np.array([1, 6])})
+    assert y.tolist() == [[0, 0, 1, 2, 3, 4]] and r.tolist() == [0, 0, 1, 2, 3, 4]
+    assert sess.compiled.stats.host_steps == steps + 2  # counted as on the general path
+
+
+def test_a_segment_after_a_host_step_keeps_the_general_path() -> None:
+    m = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 18]>
+        g (float[6] x, int64[2] shape) => (float[A, B] y) { r = Relu(x) s = Reshape(r, shape) y = Neg(s) }
+    """)
+    sess = oxla.InferenceSession(m.SerializeToString())
+    x = np.arange(6, dtype=np.float32) - 2
+    (y,) = sess.run(None, {"x": x, "shape": np.array([3, 2])})
+    assert y.tolist() == [[0, 0], [0, -1], [-2, -3]]
+    assert sess.compiled.run_fast([x, np.array([3, 2])], host=True) is None
+
+
 def test_cli_error_has_no_traceback(tmp_path: Path) -> None:
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"garbage")
