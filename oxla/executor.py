@@ -650,47 +650,51 @@ class Executor:
 
     def _host_step(self, index: int, env: _Env) -> None:
         """Run one node on concrete values; its outputs join the call's values."""
-        plan = self.plan
         step = self._host_calls.get(index)
         if step is None:
             step = self._host_calls.setdefault(index, self._prepare_host(index))
-        node = step.node
         with self._stats_lock:
             self._host_steps += 1
-            self._host_nodes.add(node.name or node.op_type)
-        if step.shortcut is not None and node.input[0] in env.traced:
-            outputs = step.shortcut(to_static(env.traced[node.input[0]]))
-            if outputs is not None and len(outputs) == len(node.output):
-                for name, value in zip(node.output, outputs, strict=True):
+            self._host_nodes.add(step.label)
+        traced = env.traced
+        if step.shortcut is not None and step.inputs[0] in traced:
+            outputs = step.shortcut(to_static(traced[step.inputs[0]]))
+            if outputs is not None and len(outputs) == len(step.outputs):
+                for name, value in zip(step.outputs, outputs, strict=True):
                     if name:
-                        env.traced[name] = value
+                        traced[name] = value
                 return
         values: dict[str, Value] = {}
+        static, host = env.static, env.host
         for n in step.reads:
-            if n in env.traced:
-                values[n] = to_static(env.traced[n])
-            elif n in env.static:
-                values[n] = env.static[n]
-            elif n in env.host:
-                values[n] = env.host[n]
-            elif n in self.params or n in plan.constants:
+            if n in traced:
+                values[n] = to_static(traced[n])
+            elif n in static:
+                values[n] = static[n]
+            elif n in host:
+                values[n] = host[n]
+            elif n in self.params or n in self.plan.constants:
                 values[n] = to_static(self._lookup(env, n))
         scope = Scope(None)
         scope.values = values
         try:
-            if step.call is not None and all(not n or n in values for n in node.input):
-                outputs = step.call([values[n] if n else None for n in node.input], scope)
-                for name, value in zip(node.output, outputs):
-                    if name:
-                        (env.host if _host_only(value) else env.traced)[name] = value
-                return
-            self.interpreter.run_node(node, scope, plan.opsets, plan.nodes)
+            if step.call is not None:
+                try:
+                    inputs: list[Value] | None = [values[n] if n else None for n in step.inputs]
+                except KeyError:  # a value found nowhere: run_node names it
+                    inputs = None
+                if inputs is not None:
+                    for name, value in zip(step.outputs, step.call(inputs, scope)):
+                        if name:
+                            (host if _host_only(value) else traced)[name] = value
+                    return
+            self.interpreter.run_node(step.node, scope, self.plan.opsets, self.plan.nodes)
         except NeedStatic as e:  # every input is concrete here; a rule asking again is a bug
             raise LoweringError(f"{e} even with concrete inputs") from None
-        for name in node.output:
+        for name in step.outputs:
             if name:
                 value = scope.get(name)
-                (env.host if _host_only(value) else env.traced)[name] = value
+                (host if _host_only(value) else traced)[name] = value
 
     def _prepare_host(self, index: int) -> _HostCall:
         """What a host step of node `index` needs on every call, resolved on its first."""
@@ -700,7 +704,8 @@ class Executor:
         rule = plan.dispatch.get(domain, node.op_type, plan.opsets.get(domain, 0)).rule
         shortcut = rule.host if rule is not None and node.input else None
         return _HostCall(node, tuple(plan.reads[index]), shortcut,
-                         self.interpreter.host_call(node, plan.opsets, plan.nodes))
+                         self.interpreter.host_call(node, plan.opsets, plan.nodes),
+                         node.name or node.op_type, tuple(node.input), tuple(node.output))
 
 
 @dataclass(frozen=True)
@@ -712,6 +717,9 @@ class _HostCall:
     reads: tuple[str, ...]
     shortcut: Callable[[Any], tuple[Any, ...] | None] | None
     call: Callable[[list[Value], Scope], tuple[Value, ...]] | None
+    label: str                 # what RunStats.host_nodes names it by
+    inputs: tuple[str, ...]    # the node's input and output names
+    outputs: tuple[str, ...]
 
 
 def _runtime_error(error: Exception) -> OxlaError:

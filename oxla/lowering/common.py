@@ -97,6 +97,9 @@ def check_size(cx: Any, shape: Sequence[int], dtype: Any) -> None:
         raise too_large(cx.ref.describe(), dims, np.dtype(dtype), size, limit)
 
 
+_NUMPY = (np.ndarray, np.generic)
+
+
 def check_eager(cx: Any, fn: Callable[..., Any], *values: Any, bounded: bool = True) -> None:
     """Before `fn(*values)` runs eagerly on static values (a folded constant, a host step),
     refuse an output over the memory limit; traced values need nothing (the interpreter checks
@@ -109,7 +112,7 @@ def check_eager(cx: Any, fn: Callable[..., Any], *values: Any, bounded: bool = T
     arrays = [v for v in values if v is not None]
     # numpy values only: sequences and maps have no one output shape, traced values are checked
     # abstractly by the interpreter, strings are sized by their rules (this runs per host step)
-    if not all(isinstance(v, np.ndarray | np.generic) and v.dtype.kind != "O" for v in arrays):
+    if not all(isinstance(v, _NUMPY) and v.dtype.kind != "O" for v in arrays):
         return
     if bounded:
         rank = max((v.ndim for v in arrays), default=0)

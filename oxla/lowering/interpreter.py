@@ -227,18 +227,25 @@ class Interpreter:
         """Before a rule folds static inputs eagerly: refuse an output over the memory limit
         (evaluated abstractly, only when a cheap bound says it could be over). The abstract
         evaluation traces the rule: its checks must not join the segment being compiled."""
-        checks = getattr(self._local, "checks", None)
-        self._local.checks = None
-        try:
-            check_eager(cx, lambda *a: found.fn(cx, *a, **attrs), *inputs)
-        finally:
-            self._local.checks = checks
+        def abstract(*values: Any) -> Any:  # traced by check_eager only when its bound says so
+            checks = getattr(self._local, "checks", None)
+            self._local.checks = None
+            try:
+                return found.fn(cx, *values, **attrs)
+            finally:
+                self._local.checks = checks
+
+        check_eager(cx, abstract, *inputs)
 
     def _check_sizes(self, ref: NodeRef, outputs: Any) -> None:
         """Refuse an output larger than the memory limit before anything allocates it."""
         limit = self.memory_limit
         for value in outputs if isinstance(outputs, tuple) else (outputs,):
             for leaf in value if isinstance(value, list) else (value,):
+                if type(leaf) is np.ndarray:  # (a host step's output: its dims are ints)
+                    if leaf.nbytes > limit:
+                        raise too_large(ref.describe(), leaf.shape, leaf.dtype, leaf.nbytes, limit)
+                    continue
                 shape = getattr(leaf, "shape", None)
                 if shape is None or not hasattr(leaf, "dtype") \
                         or not all(isinstance(d, int) for d in shape):  # symbolic (jax.export)
