@@ -72,8 +72,6 @@ def fold_batch_norms(model: ModelProto) -> int:
     return len(folded)
 
 
-
-
 def _inference(bn: NodeProto, opset: int) -> bool:
     """A BatchNormalization in inference form: one output, not training_mode, spatial (before
     opset 9) 1, five inputs."""

@@ -51,8 +51,6 @@ def _only_read_as(graph: GraphProto, wanted: Callable[[NodeProto], bool], index:
     return slot - other
 
 
-
-
 def conv_weights_to_hwio(model: ModelProto) -> int:
     """Re-lay out float initializers read only as Conv's W input; returns how many."""
     graph = model.graph
