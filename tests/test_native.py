@@ -426,6 +426,53 @@ def test_conv_kernel_matches_float64(case: tuple, threads: int) -> None:
 
 
 @needs_kernel
+@pytest.mark.parametrize("case", [
+    # (N, H, W, C, M, group, KH, KW, strides, pads (t, l, b, r), dilations)
+    (2, 9, 7, 64, 64, 16, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),    # 4 a group, packed 4 at a time
+    (1, 11, 9, 64, 128, 8, 3, 3, (2, 2), (1, 0, 1, 2), (1, 1)),   # 8 a group from 16 channels
+    (2, 6, 8, 96, 96, 8, 5, 3, (1, 2), (2, 1, 2, 1), (2, 1)),     # 12 a group: masked lanes
+    (1, 5, 5, 64, 64, 2, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),     # 32 a group: a whole panel
+    (1, 4, 3, 40, 20, 4, 7, 7, (1, 1), (3, 3, 3, 3), (1, 1)),     # 5 a group, kernel wider than X
+    (1, 3, 3, 24, 48, 3, 3, 3, (1, 1), (0, 0, 0, 0), (1, 1)),     # one output pixel
+])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_grouped_conv_kernel_matches_float64(case: tuple, threads: int) -> None:
+    """Grouped windows on the convolution kernel (each group's outputs at most one panel: X read
+    in place at every tap, no im2col rows), with a residual and Relu."""
+    n, h, w, c, m, group, kh, kw, strides, pads, dilations = case
+    x = RNG.standard_normal((n, h, w, c)).astype(np.float32)
+    hwio = RNG.standard_normal((kh, kw, c // group, m)).astype(np.float32)
+    b = RNG.standard_normal(m).astype(np.float32)
+    kernel = native_gemm.grouped_kernel(hwio, group)
+    assert kernel is not None
+    oh = (h + pads[0] + pads[2] - dilations[0] * (kh - 1) - 1) // strides[0] + 1
+    ow = (w + pads[1] + pads[3] - dilations[1] * (kw - 1) - 1) // strides[1] + 1
+    r = RNG.standard_normal((n, oh, ow, m)).astype(np.float32)
+    packed = native.pack(kernel)
+    out = jax.ShapeDtypeStruct((n, oh, ow, m), jnp.float32)
+    i64 = np.int64
+
+    def f(x, wp, b, r):
+        return jax.ffi.ffi_call(native.CONV_TARGET, out)(
+            x, wp, b, r, threads=i64(threads), act=i64(native_rule.ACTIVATIONS["Relu"]),
+            lo=np.float32(0), hi=np.float32(0), kh=i64(kh), kw=i64(kw), sh=i64(strides[0]),
+            sw=i64(strides[1]), dh=i64(dilations[0]), dw=i64(dilations[1]), pt=i64(pads[0]),
+            pl=i64(pads[1]), groups=i64(kernel.shape[0]))
+
+    device = cpu_client.inline_device()
+    args = [jax.device_put(a, device) for a in (x, packed.reshape((-1, *packed.shape[2:])), b, r)]
+    got = np.asarray(jax.jit(f)(*args))
+    with jax.enable_x64(True):
+        want = np.asarray(jax.lax.conv_general_dilated(
+            jnp.asarray(x, jnp.float64), jnp.asarray(hwio, jnp.float64), strides,
+            [(pads[0], pads[2]), (pads[1], pads[3])], rhs_dilation=dilations,
+            dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=group))
+    want = np.maximum(want + b + r, 0).astype(np.float32)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * (kh * kw * c / group) ** 0.5)
+
+
+@needs_kernel
 def test_conv_kernel_parts_by_panels_make_the_im2col_rows_once_a_call() -> None:
     """49 output pixels (5 blocks) by 512 channels (16 panels) on two threads: split by W's
     panels, every part covers every block, and a thread's later parts of one call reuse the
