@@ -439,6 +439,29 @@ def test_conv_kernel_matches_float64(case: tuple, threads: int) -> None:
 def test_grouped_conv_kernel_matches_float64(case: tuple, threads: int) -> None:
     """Grouped windows on the convolution kernel (each group's outputs at most one panel: X read
     in place at every tap, no im2col rows), with a residual and Relu."""
+    _grouped_conv_case(case, threads)
+
+
+@needs_kernel
+@pytest.mark.parametrize("case", [
+    (2, 9, 7, 64, 64, 16, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+    (1, 12, 12, 48, 48, 12, 3, 3, (2, 2), (0, 1, 1, 0), (1, 1)),    # 3 blocks of 4 groups, strided
+    (1, 6, 5, 32, 32, 8, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1)),       # 1x1
+    (1, 5, 5, 128, 128, 32, 5, 5, (1, 1), (4, 4, 4, 4), (2, 2)),    # 8 blocks, parts split them
+])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("quads", [True, False])
+def test_groups_of_four_match_float64_as_quads_and_block_diagonal(
+        monkeypatch: pytest.MonkeyPatch, case: tuple, threads: int, quads: bool) -> None:
+    """Groups of 4 inputs and 4 outputs: each its own on tile_quads (4 to a block of 16 outputs),
+    or (QUADS off) 4 at a time, W block-diagonal."""
+    monkeypatch.setattr(native_gemm, "QUADS", quads)
+    hwio = np.zeros((*case[6:8], 4, case[4]), np.float32)
+    assert native_gemm.grouped_kernel(hwio, case[5]).shape[0] == (case[5] if quads else case[5] // 4)
+    _grouped_conv_case(case, threads)
+
+
+def _grouped_conv_case(case: tuple, threads: int) -> None:
     n, h, w, c, m, group, kh, kw, strides, pads, dilations = case
     x = RNG.standard_normal((n, h, w, c)).astype(np.float32)
     hwio = RNG.standard_normal((kh, kw, c // group, m)).astype(np.float32)
@@ -916,7 +939,8 @@ def _grouped_net(size: int) -> onnx.ModelProto:
 def test_grouped_convolutions_run_on_the_conv_kernel_by_panels(monkeypatch: pytest.MonkeyPatch,
                                                                size: int) -> None:
     """Grouped convolutions on the convolution kernel, each of its groups W's panels of its own
-    (the model's 4-channel groups packed 4 at a time, 16, 32, 64 and 12 one each: a part panel)
+    (the model's 8-channel groups packed 2 at a time; 4 (QUADS), 16, 32, 64 and 12 one each: a
+    part panel)
     agree with onnxruntime, their function bodies too; at 6x6 the kernel's parts split W's
     panels, at 20x20 the rows."""
     monkeypatch.setattr(native_gemm, "DEPTHWISE_MIN_FLOPS", 1e30)
@@ -925,7 +949,7 @@ def test_grouped_convolutions_run_on_the_conv_kernel_by_panels(monkeypatch: pyte
     planned = _planned(model)
     kinds = [(n.op_type, next(a.i for a in n.attribute if a.name == "group"))
              for n in planned.graph.node if n.domain == native_rule.DOMAIN]
-    assert kinds == [("ConvRelu", 4), ("ConvClip", 8), ("ConvAdd", 8), ("Conv", 4), ("Conv", 2),
+    assert kinds == [("ConvRelu", 16), ("ConvClip", 8), ("ConvAdd", 8), ("Conv", 4), ("Conv", 2),
                      ("Conv", 8)]
     assert [next(a.i for a in n.attribute if a.name == "group")
             for n in planned.graph.node if n.op_type == "Conv" and n.domain != native_rule.DOMAIN] == [32, 96]

@@ -192,6 +192,11 @@ GROUPED = True
 GROUPED_MIN_CHANNELS = 4
 GROUPED_WIDTH = 16  # the kernel's lanes a row of one of its groups' output fills (AVX-512)
 GROUPED_MAX_WASTE = 4.0
+# Groups of 4 input and 4 output channels (ResNeXt-50 32x4d's first stage) stay groups of their
+# own: the kernel takes them 4 to a block of 16 outputs (kernels.cc tile_quads), each row's 16
+# inputs permuted within lanes, where packed 4 at a time their W is block-diagonal, 4 times the
+# multiply-adds.
+QUADS = True
 # WinogradPass's layers (`oxla.winograd::Conv`) run on the kernel's Winograd F(2x2, 3x3) (False:
 # XLA's transforms and batched dot, for measuring): see the module's docstring.
 WINOGRAD = True
@@ -573,14 +578,16 @@ def grouped_kernel(hwio: np.ndarray, group: int) -> np.ndarray | None:
     one input channel per group (the depthwise kernel's), fewer than GROUPED_MIN_CHANNELS
     outputs a group, or more than GROUPED_MAX_WASTE times the flops. Groups of fewer than 16
     outputs (a vector on AVX-512) are taken 16 / width at a time where that divides, W
-    block-diagonal."""
+    block-diagonal, except groups of 4 inputs and 4 outputs (QUADS), one each."""
     kh, kw, cg, m = hwio.shape
     mg = m // group
     if cg < 2 or mg * group != m or mg < GROUPED_MIN_CHANNELS:
         return None
-    per = GROUPED_WIDTH // mg if mg < GROUPED_WIDTH and GROUPED_WIDTH % mg == 0 else 1
+    quads = QUADS and mg == cg == 4 and m % 16 == 0  # the kernel's tile_quads: no zeros
+    per = GROUPED_WIDTH // mg if mg < GROUPED_WIDTH and GROUPED_WIDTH % mg == 0 and not quads else 1
     width = per * mg
-    if group % per or per * -(-width // GROUPED_WIDTH) * GROUPED_WIDTH / width > GROUPED_MAX_WASTE:
+    if group % per or not quads and \
+            per * -(-width // GROUPED_WIDTH) * GROUPED_WIDTH / width > GROUPED_MAX_WASTE:
         return None
     groups = group // per
     dense = np.zeros((groups, kh, kw, per * cg, width), np.float32)
