@@ -586,8 +586,8 @@ def grouped_kernel(hwio: np.ndarray, group: int) -> np.ndarray | None:
     quads = QUADS and mg == cg == 4 and m % 16 == 0  # the kernel's tile_quads: no zeros
     per = GROUPED_WIDTH // mg if mg < GROUPED_WIDTH and GROUPED_WIDTH % mg == 0 and not quads else 1
     width = per * mg
-    if group % per or not quads and \
-            per * -(-width // GROUPED_WIDTH) * GROUPED_WIDTH / width > GROUPED_MAX_WASTE:
+    waste = 1.0 if quads else per * -(-width // GROUPED_WIDTH) * GROUPED_WIDTH / width
+    if group % per or waste > GROUPED_MAX_WASTE:
         return None
     groups = group // per
     dense = np.zeros((groups, kh, kw, per * cg, width), np.float32)
