@@ -838,6 +838,7 @@ ffi::Error Sgemm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi:
 // tensor in memory, no padded copy of X. Two threads, against XLA:CPU's convolution (or its
 // im2col dot) and onnxruntime, ms: 3x3 64->64 at 56 0.67 / 0.97 / 0.56, 512->512 at 7 0.87 /
 // 2.87 / 0.68, 7x7/2 stem 3->64 at 224 0.87 / 0.99 / 0.67 (docs/benchmarks.md, tenth round).
+// Grouped windows whose groups' outputs fit one panel read X in place instead (conv_grouped).
 
 struct ConvJob {
   const float* X;

@@ -21,11 +21,13 @@ channels and STEM_TAPS_TERMS terms: they fuse the input's transpose and the next
 on instruction sets not in STEM_ISAS every image stem (AVX2: XLA's convolution wins); and
 padded 1x1 convolutions (PadAheadPass's producers, whose border XLA fuses into the next loop).
 Grouped convolutions with more than one input channel per group become Conv* nodes with a
-`group` attribute (`grouped_kernel`): each of the kernel's groups reads its own channels' im2col
-rows and W's panels of its own; the model's groups narrower than 16 outputs are taken 16 / width
-at a time with W block-diagonal, up to GROUPED_MAX_WASTE times the flops (ResNeXt-50: 1.53x ->
-1.00x onnxruntime at default threads, 1.75x -> 1.02-1.11x at one thread; docs/benchmarks.md,
-twenty-fourth round).
+`group` attribute (`grouped_kernel`): each of the kernel's groups reads its own channels of X
+(in place at every tap where a group's outputs fit one panel) and W's panels of its own; groups
+of 4 inputs and 4 outputs stay their own (QUADS: the kernel takes 4 to a vector of 16), other
+groups narrower than 16 outputs are taken 16 / width at a time with W block-diagonal, up to
+GROUPED_MAX_WASTE times the flops (ResNeXt-50: 1.53x -> 1.00x onnxruntime at default threads,
+1.75x -> 1.02-1.11x at one thread, docs/benchmarks.md twenty-fourth round; 0.96-0.97x after the
+twenty-eighth round's in-place reads and QUADS).
 Winograd layers (WinogradPass's `oxla.winograd::Conv`, before this pass) become
 `oxla.native::Wino*` nodes (WINOGRAD), their epilogue folded the same way: the kernel's Winograd
 F(2x2, 3x3) reads U packed here as 16 products' W, (16, panels, C, 32), and runs the input
