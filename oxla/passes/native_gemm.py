@@ -26,7 +26,7 @@ Grouped convolutions with more than one input channel per group become Conv* nod
 of 4 inputs and 4 outputs stay their own (QUADS: the kernel takes 4 to a vector of 16), other
 groups narrower than 16 outputs are taken 16 / width at a time with W block-diagonal, up to
 GROUPED_MAX_WASTE times the flops (ResNeXt-50: 1.53x -> 1.00x onnxruntime at default threads,
-1.75x -> 1.02-1.11x at one thread, docs/benchmarks.md twenty-fourth round; 0.96-0.97x after the
+1.75x -> 1.02-1.11x at one thread, docs/benchmarks.md twenty-fourth round; 0.94-0.97x after the
 twenty-eighth round's in-place reads and QUADS).
 Winograd layers (WinogradPass's `oxla.winograd::Conv`, before this pass) become
 `oxla.native::Wino*` nodes (WINOGRAD), their epilogue folded the same way: the kernel's Winograd
