@@ -1497,7 +1497,7 @@ inline void dw_fast(const DwJob& j, const float* xn, int64_t oh, int64_t ow0, in
   // out). The kernel alone against the build before, onnxruntime interleaved, one thread / two:
   // 5x5 960@7 0.81x / 0.87x the time, 3x3 960@7 0.94x / 0.85x, 3x3 576@14 0.89x / 0.87x, 5x5
   // 240@14 0.83x / 0.88x, 5x5 144@28 0.83x; whole models, two sessions of each build in one
-  // process: MobileNetV2, EfficientNet-B0, the detector and MobileNetV3-small 0.93-1.01x.
+  // process: MobileNetV2, EfficientNet-B0, the detector and MobileNetV3-small 0.92-1.01x.
   // Rows above and below X were skipped so already: a padded tap adds nothing (where 0 x inf
   // would have made NaN).
   int64_t lo = iw0 < 0 ? -iw0 : 0, hi = j.Wd - iw0 < IN ? j.Wd - iw0 : IN;
