@@ -1048,22 +1048,29 @@ void conv_grouped(const ConvJob& j, int64_t b0, int64_t b1, int64_t p0, int64_t 
   thread_local std::vector<float> zeros;
   if ((int64_t)zeros.size() < j.CX) zeros.assign((size_t)j.CX, 0.0f);
   table.resize((size_t)(per * (run < b1 - b0 ? run : b1 - b0)));
+  // tile_quads' weights for panels [p0, p1), 4 groups' a block (conv_part splits them so): each
+  // group's 4 columns of its panel (K = 4 taps), once for all the blocks
+  thread_local std::vector<float> q;
+  if (quads(j)) {
+    q.resize((size_t)(taps * 16 * (p1 - p0)));
+    for (int64_t p = p0; p < p1; p += 4)
+      for (int64_t t = 0; t < taps; ++t)
+        for (int64_t k = 0; k < 4; ++k)
+          for (int64_t l = 0; l < 16; ++l)
+            q[(size_t)(((p - p0) / 4 * taps + t) * 64 + k * 16 + l)] =
+                j.Bp[(p + l / 4) * NR * j.K + (t * 4 + k) * NR + l % 4];
+  }
   for (int64_t g0 = b0; g0 < b1; g0 += run) {
     int64_t g1 = g0 + run < b1 ? g0 + run : b1;
     for (int64_t b = g0; b < g1; ++b) tap_pointers(j, b, zeros.data(), table.data() + (b - g0) * per);
-    if (quads(j)) {  // panels [p0, p1): 4 groups' a block (conv_part splits them so)
-      thread_local std::vector<float> q;
-      q.resize((size_t)(taps * 64));
+    if (quads(j)) {
       for (int64_t p = p0; p < p1; p += 4) {
-        for (int64_t t = 0; t < taps; ++t)  // each group's 4 columns of its panel (K = 4 taps)
-          for (int64_t k = 0; k < 4; ++k)
-            for (int64_t l = 0; l < 16; ++l)
-              q[(size_t)(t * 64 + k * 16 + l)] = j.Bp[(p + l / 4) * NR * j.K + (t * 4 + k) * NR + l % 4];
+        const float* qp = q.data() + (p - p0) / 4 * taps * 64;
         for (int64_t b = g0; b < g1; ++b) {
           int64_t r0 = j.row(b);
           Epilogue e{j.residual ? j.residual + r0 * j.M + 4 * p : nullptr, j.M, j.act, j.lo, j.hi};
-          quads_rows((int)(j.row(b + 1) - r0), taps, table.data() + (b - g0) * per, 4 * p,
-                     q.data(), j.Y + r0 * j.M + 4 * p, j.M, j.bias + 4 * p, &e);
+          quads_rows((int)(j.row(b + 1) - r0), taps, table.data() + (b - g0) * per, 4 * p, qp,
+                     j.Y + r0 * j.M + 4 * p, j.M, j.bias + 4 * p, &e);
         }
       }
       continue;
@@ -1155,7 +1162,7 @@ void conv_range(const ConvJob& j, int64_t b0, int64_t b1, int64_t p0, int64_t p1
 void conv_part(const void* ctx, const Part& p) {
   const ConvJob& j = *static_cast<const ConvJob*>(ctx);
   // tile_quads' blocks of 4 groups are split whole
-  int64_t per = j.groups > 1 && quads(j) ? 4 : 1, panels = j.PANELS / per;
+  int64_t per = quads(j) ? 4 : 1, panels = j.PANELS / per;
   if (j.blocks >= 8 * p.threads || panels < p.count)
     conv_range(j, p.lo(j.blocks), p.hi(j.blocks), 0, j.PANELS);
   else
@@ -1511,11 +1518,10 @@ inline void dw_fast(const DwJob& j, const float* xn, int64_t oh, int64_t ow0, in
       const float* wt = j.W + (a * KW_ + t) * j.C + c;
       w[t] = F ? v_load(wt) : v_load_m(wt, m);
     }
-    const float* xb = xr + iw0 * j.CX;  // read only at the inputs inside X's row
 #pragma GCC unroll 32
     for (int i = 0; i < IN; ++i) {
       if (CHECK && (i < lo || i >= hi)) continue;  // a zero: its multiply-adds change nothing
-      V v = load_x<PRE, F, MUL>(j, xb + i * j.CX, d, pb);
+      V v = load_x<PRE, F, MUL>(j, xr + (iw0 + i) * j.CX, d, pb);
 #pragma GCC unroll 8
       for (int t = 0; t < KW_; ++t) {
         int q = i - t;
