@@ -24,6 +24,7 @@ from oxla.passes.channels_last import convs_to_channels_last
 from oxla.passes.classify import DispatchTable, check_supported
 from oxla.passes.constants import (
     constant_fills_to_initializers,
+    initializer_aliases,
     large_constants_to_initializers,
     listed_initializers_to_constants,
 )
@@ -104,6 +105,7 @@ def prepare(model: ModelProto, options: Options) -> tuple[DispatchTable, bool]:
     if not options.bake_weights:
         large_constants_to_initializers(model)
         constant_fills_to_initializers(model, options.memory_limit)
+        initializer_aliases(model)  # torch's shared weights: the passes find the initializer
         if options.layout_weights:
             unfuse_ort_ops(model)  # onnxruntime's FusedConv / FusedGemm: the passes see Conv, Gemm
             fold_batch_norms(model)  # Conv -> BatchNormalization as one Conv

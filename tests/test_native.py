@@ -935,6 +935,29 @@ def _grouped_net(size: int) -> onnx.ModelProto:
 
 
 @needs_kernel
+def test_convolutions_whose_bias_is_an_identity_of_a_shared_one_run_on_the_kernels() -> None:
+    """torch's export of torchvision's ResNeXt-50 reads every convolution's bias through an
+    Identity of one shared zero initializer: those convolutions (grouped, dense, depthwise)
+    run on the native kernels as they do with biases of their own."""
+    zero = numpy_helper.from_array(np.zeros(64, np.float32), "zero")
+    inits = [zero]
+    nodes = []
+    for name, x, group in (("a", "x", 1), ("b", "a_r", 16), ("c", "b_r", 64)):
+        inits.append(numpy_helper.from_array(
+            (RNG.standard_normal((64, 64 // group, 3, 3)) / np.sqrt(9 * 64 / group)).astype(np.float32), f"{name}_w"))
+        nodes += [helper.make_node("Identity", ["zero"], [f"{name}_b"]),
+                  helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [name], kernel_shape=[3, 3],
+                                   pads=[1, 1, 1, 1], group=group),
+                  helper.make_node("Relu", [name], [f"{name}_r"])]
+    model = _model(nodes, (1, 64, 20, 20), {"c_r": (1, 64, 20, 20)}, inits)
+    planned = _planned(model)
+    assert sorted(n.op_type for n in planned.graph.node if n.domain == native_rule.DOMAIN) \
+        == ["ConvRelu", "ConvRelu", "DepthwiseRelu"]
+    assert "Identity" not in [n.op_type for n in planned.graph.node]
+    _agrees(model, planned, RNG.standard_normal((1, 64, 20, 20)).astype(np.float32))
+
+
+@needs_kernel
 @pytest.mark.parametrize("size", [6, 20])
 def test_grouped_convolutions_run_on_the_conv_kernel_by_panels(monkeypatch: pytest.MonkeyPatch,
                                                                size: int) -> None:

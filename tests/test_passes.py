@@ -86,6 +86,39 @@ def test_constant_fills_of_constant_shapes_become_weights() -> None:
         np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-5)
 
 
+def test_identities_of_initializers_read_the_initializer() -> None:
+    """torch writes one initializer for equal tensors and an Identity of it for each other use:
+    the readers read the initializer, and the Identities go, except one that is a graph output,
+    one a subgraph reads, and one of an initializer the caller may feed."""
+    from oxla.passes.constants import initializer_aliases
+
+    b = numpy_helper.from_array(np.zeros(4, np.float32), "b")
+    fed = numpy_helper.from_array(np.ones(4, np.float32), "fed")
+    then = helper.make_graph([helper.make_node("Add", ["x", "b_sub"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", onnx.TensorProto.FLOAT, [4])])
+    nodes = [helper.make_node("Identity", ["b"], [name]) for name in ("b_1", "b_2", "b_out", "b_sub")]
+    nodes += [helper.make_node("Identity", ["fed"], ["fed_1"]),
+              helper.make_node("Add", ["x", "b_1"], ["a"]), helper.make_node("Add", ["a", "b_2"], ["c"]),
+              helper.make_node("Add", ["c", "fed_1"], ["d"]),
+              helper.make_node("ReduceSum", ["d"], ["s"], keepdims=0),
+              helper.make_node("Greater", ["s", "b_zero"], ["p"]),
+              helper.make_node("If", ["p"], ["y"], then_branch=then, else_branch=then)]
+    zero = numpy_helper.from_array(np.float32(-1e9), "b_zero")
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [4]) for n in ("x", "fed")],
+        [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [4]) for n in ("y", "b_out")],
+        [b, fed, zero])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    x = np.arange(4, dtype=np.float32)
+    want = onnxruntime_run(model, {"x": x, "fed": np.ones(4, np.float32)})
+    assert initializer_aliases(model) == 2
+    assert [n.input[1] for n in model.graph.node if n.op_type == "Add"] == ["b", "b", "fed_1"]
+    assert [n.output[0] for n in model.graph.node if n.op_type == "Identity"] == ["b_out", "b_sub", "fed_1"]
+    for got, w in zip(oxla.InferenceSession(model.SerializeToString()).run(None, {"x": x}), want,
+                      strict=True):
+        np.testing.assert_array_equal(got, w)
+
+
 def onnxruntime_run(model: onnx.ModelProto, feeds: dict) -> list:
     import onnxruntime as ort
 

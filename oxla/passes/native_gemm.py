@@ -843,14 +843,11 @@ def _weights(graph: GraphProto, packed: dict[str, str], name: str, kernel: np.nd
     return packed[name], bias_name
 
 
-def _constant_matrix(name: str, producers: dict[str, NodeProto], inits: dict[str, TensorProto]
+def _constant_matrix(name: str, inits: dict[str, TensorProto]
                      ) -> tuple[np.ndarray, str] | None:
-    """A constant float32 (K, N) matrix read as `name` (an initializer, or an Identity of one as
-    torch exports shared weights) and the initializer's name, or None."""
-    producer = producers.get(name)
-    if name not in inits and producer is not None and producer.op_type == "Identity" \
-            and producer.domain in ("", "ai.onnx"):
-        name = producer.input[0]
+    """A constant float32 (K, N) matrix read as `name` (an initializer: torch's Identity of a
+    shared one is the initializer itself since `constants.initializer_aliases`) and the
+    initializer's name, or None."""
     if name not in inits:
         return None
     value = tensor_value(name, lambda: numpy_helper.to_array(inits[name]))
@@ -883,7 +880,7 @@ def matmuls_to_native(model: ModelProto, small: bool = False, pooled: bool = Fal
                 (node.op_type == "MatMul" and len(node.input) == 2)
                 or (node.op_type == "Gemm" and _plain_gemm(node))):
             continue
-        found = _constant_matrix(node.input[1], producers, inits)
+        found = _constant_matrix(node.input[1], inits)
         if found is not None and (min(found[0].shape) >= min_dim or (
                 found[0].shape[1] >= WIDE_RATIO * found[0].shape[0] >= WIDE_RATIO * WIDE_MIN_K)) \
                 and (small or 2 * _rows_through(rows, node.input[0], producers) * found[0].size
