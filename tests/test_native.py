@@ -434,6 +434,7 @@ def test_conv_kernel_matches_float64(case: tuple, threads: int) -> None:
     (1, 5, 5, 64, 64, 2, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),     # 32 a group: a whole panel
     (1, 4, 3, 40, 20, 4, 7, 7, (1, 1), (3, 3, 3, 3), (1, 1)),     # 5 a group, kernel wider than X
     (1, 3, 3, 24, 48, 3, 3, 3, (1, 1), (0, 0, 0, 0), (1, 1)),     # one output pixel
+    (2, 7, 6, 104, 104, 13, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1)),  # 13 groups of 8: one each
 ])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_grouped_conv_kernel_matches_float64(case: tuple, threads: int) -> None:

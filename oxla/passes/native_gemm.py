@@ -580,13 +580,16 @@ def grouped_kernel(hwio: np.ndarray, group: int) -> np.ndarray | None:
     one input channel per group (the depthwise kernel's), fewer than GROUPED_MIN_CHANNELS
     outputs a group, or more than GROUPED_MAX_WASTE times the flops. Groups of fewer than 16
     outputs (a vector on AVX-512) are taken 16 / width at a time where that divides, W
-    block-diagonal, except groups of 4 inputs and 4 outputs (QUADS), one each."""
+    block-diagonal (fewer at a time where their count does not divide), except groups of 4 inputs
+    and 4 outputs (QUADS), one each."""
     kh, kw, cg, m = hwio.shape
     mg = m // group
     if cg < 2 or mg * group != m or mg < GROUPED_MIN_CHANNELS:
         return None
     quads = QUADS and mg == cg == 4 and m % 16 == 0  # the kernel's tile_quads: no zeros
     per = GROUPED_WIDTH // mg if mg < GROUPED_WIDTH and GROUPED_WIDTH % mg == 0 and not quads else 1
+    while group % per:  # RegNetY-400MF's 13 and 55 groups of 8: fewer a kernel group, as many flops
+        per //= 2
     width = per * mg
     waste = 1.0 if quads else per * -(-width // GROUPED_WIDTH) * GROUPED_WIDTH / width
     if group % per or waste > GROUPED_MAX_WASTE:
