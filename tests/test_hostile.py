@@ -551,3 +551,24 @@ def test_a_window_one_past_the_padded_input_leaves_an_empty_output() -> None:
     want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     got = oxla.InferenceSession(model).run(None, {"x": x})[0]
     assert want.shape == got.shape == (1, 4, 0, 0)
+
+
+@pytest.mark.parametrize("group", [1, 4])
+def test_an_empty_batch_through_a_convolution_is_empty(group: int) -> None:
+    """A batch of 0 images (a detector's crop list, say): onnxruntime returns (0, M, H, W); XLA's
+    grouped forms had reshaped X with a -1 that 0 images leave undetermined (a modulo by zero)."""
+    import onnxruntime as ort
+
+    w = numpy_helper.from_array(np.ones((12, 12 // group, 3, 3), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=group)],
+        "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 12, 8, 8])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9).SerializeToString()
+    session = oxla.InferenceSession(model)
+    for n in (0, 2):
+        x = np.ones((n, 12, 8, 8), np.float32)
+        want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        got = session.run(None, {"x": x})[0]
+        assert got.shape == want.shape == (n, 12, 8, 8)
+        np.testing.assert_allclose(got, want, rtol=1e-5)

@@ -203,7 +203,7 @@ def taps_flat(x: Any, w: Any, strides: Sequence[int], padding: Pads, dilations: 
     front = sum(lo * p for (lo, _), p in zip(padding, place))
     reach = sum((k - 1) * d * p for k, d, p in zip(kernel, dilations, place))
     back = max(0, span + reach - front - math.prod(sizes))
-    flat = lax.pad(xa.reshape((n, x.shape[1], -1)), jnp.zeros((), acc),
+    flat = lax.pad(xa.reshape((n, x.shape[1], math.prod(sizes))), jnp.zeros((), acc),
                    [(0, 0, 0), (0, 0, 0), (front, back, 0)])
     y = jnp.zeros((n, group, m // group, span), acc)
     for inner_tap in itertools.product(*[range(k) for k in kernel[1:]]):
@@ -493,7 +493,7 @@ def transposed_dot(x: Any, w: Any, group: int, *, last: bool = False) -> Any:
         out = (n, *[s * k for s, k in zip(sizes, kernel)], group * mg)
     else:
         wg = w.reshape((group, cg, mg * kk))
-        xg = x.reshape((n, group, cg, -1))
+        xg = x.reshape((n, group, cg, math.prod(sizes)))
         dims = (((1,), (2,)), ((0,), (1,)))  # -> (G, M/G * prod(K), N, prod(S))
         y = lax.dot_general(wg, xg, dims, preferred_element_type=acc)
         y = y.reshape((group, mg, *kernel, n, *sizes))
